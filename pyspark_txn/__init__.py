@@ -1,0 +1,33 @@
+"""pyspark-txn: exactly-once Spark Structured Streaming through Python data sources."""
+
+from .errors import (
+    CheckpointMismatchError,
+    CommitConflict,
+    ConfigError,
+    CorruptSnapshotError,
+    FencedError,
+    IndeterminateCommitError,
+    ProtocolViolation,
+    SourceError,
+    TxnError,
+    UnsupportedFormatVersion,
+)
+from .session import local_session, register
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointMismatchError",
+    "CommitConflict",
+    "ConfigError",
+    "CorruptSnapshotError",
+    "FencedError",
+    "IndeterminateCommitError",
+    "ProtocolViolation",
+    "SourceError",
+    "TxnError",
+    "UnsupportedFormatVersion",
+    "__version__",
+    "local_session",
+    "register",
+]

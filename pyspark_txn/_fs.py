@@ -1,0 +1,50 @@
+"""Filesystem helpers: one URI convention for delta-rs (URIs) and fsspec (other IO)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+_LOCAL_PREFIXES = ("file://", "file:")
+
+
+def normalize_uri(path: str) -> str:
+    """Local paths become absolute plain paths (delta-rs and fsspec agree on those)."""
+    path = path.strip()
+    if path.startswith(_LOCAL_PREFIXES) or "://" not in path:
+        for prefix in _LOCAL_PREFIXES:
+            if path.startswith(prefix):
+                path = path[len(prefix) :]
+                break
+        while path.startswith("//"):
+            path = path[1:]
+        return os.path.abspath(os.path.expanduser(path))
+    return path.rstrip("/")
+
+
+def is_local(uri: str) -> bool:
+    return "://" not in uri
+
+
+def join(uri: str, *parts: str) -> str:
+    return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def filesystem(uri: str, fs_options: Mapping[str, Any] | None = None):
+    """An fsspec filesystem for ``uri`` and the path inside it."""
+    import fsspec
+
+    return fsspec.core.url_to_fs(uri, **dict(fs_options or {}))
+
+
+def fsync_dir(path: str) -> None:
+    """Make a new directory entry durable (local disks only; object stores are atomic)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,53 @@
+"""One rooted error hierarchy: callers catch ``TxnError`` or a precise subclass.
+
+Every message names the thing that is wrong and, where it helps, what is
+allowed or how to repair it.
+"""
+
+from __future__ import annotations
+
+
+class TxnError(Exception):
+    """Root of every error raised by pyspark-txn."""
+
+
+class ConfigError(TxnError, ValueError):
+    """An option or argument is invalid; raised before any data is touched."""
+
+
+class CommitConflict(TxnError):
+    """Another writer wrote the same record sequence number first (a determinate loss)."""
+
+
+class FencedError(TxnError):
+    """This writer's epoch was superseded by a newer run of the same sink."""
+
+
+class IndeterminateCommitError(TxnError):
+    """A durable write ended with an unknown outcome and re-reading could not decide it.
+
+    The protocol stops here without phase 2; recovery on restart decides.
+    """
+
+
+class CorruptSnapshotError(TxnError):
+    """A safe record points at data that is missing or does not match its checksum."""
+
+
+class CheckpointMismatchError(TxnError):
+    """Spark's checkpoint does not belong to the sink's recorded history.
+
+    Raised instead of silently starting over, which would skip or duplicate data.
+    """
+
+
+class UnsupportedFormatVersion(TxnError):
+    """A record was written by a newer pyspark-txn than this one."""
+
+
+class ProtocolViolation(TxnError):
+    """A transition would break one of the protocol invariants (a bug or a zombie)."""
+
+
+class SourceError(TxnError):
+    """A source cannot serve the requested offsets exactly as before."""

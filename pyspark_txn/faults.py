@@ -1,0 +1,88 @@
+"""Deterministic fault injection at named protocol steps, for crash tests only.
+
+A plan is a comma-separated list of ``point:action[@batch=N][@partition=P]``
+rules, given through the test-only option ``faultInjection``. ``exit`` kills
+the current Python process with ``os._exit`` (a crash: no cleanup runs);
+``raise`` raises :class:`InjectedFault`. Never set it in production.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from .errors import ConfigError, TxnError
+
+log = logging.getLogger(__name__)
+
+POINTS = (
+    "allocate",  # driver, before the snapshot id is reserved
+    "phase1",  # executor, after staging a partition, before returning its message
+    "before_record",  # driver commit, staged files verified, record not written
+    "after_record",  # record safe, phase 2 not started
+    "after_phase2",  # target committed, 'committed' event not written
+    "after_commit",  # everything done, Spark's commit log not yet written
+)
+ACTIONS = ("raise", "exit")
+EXIT_CODE = 86
+
+
+class InjectedFault(TxnError):
+    """Raised by a ``raise`` rule."""
+
+
+@dataclass(frozen=True)
+class FaultRule:
+    point: str
+    action: str
+    batch: int | None = None
+    partition: int | None = None
+
+    def matches(self, point: str, batch: int | None, partition: int | None) -> bool:
+        return (
+            self.point == point
+            and (self.batch is None or self.batch == batch)
+            and (self.partition is None or self.partition == partition)
+        )
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    rules: tuple[FaultRule, ...] = ()
+
+    @classmethod
+    def parse(cls, spec: str | None) -> FaultPlan:
+        if not spec:
+            return cls()
+        rules = []
+        for part in spec.split(","):
+            head, *conds = part.strip().split("@")
+            point, _, action = head.partition(":")
+            if point not in POINTS or action not in ACTIONS:
+                raise ConfigError(
+                    f"faultInjection rule {part!r}: expected point:action with point in "
+                    f"{POINTS} and action in {ACTIONS}"
+                )
+            kw: dict[str, int] = {}
+            for c in conds:
+                key, _, value = c.partition("=")
+                if key not in ("batch", "partition") or not value.lstrip("-").isdigit():
+                    raise ConfigError(
+                        f"faultInjection rule {part!r}: condition {c!r} must be batch=N or "
+                        "partition=N"
+                    )
+                kw[key] = int(value)
+            rules.append(FaultRule(point, action, **kw))
+        return cls(tuple(rules))
+
+    def hit(self, point: str, batch: int | None = None, partition: int | None = None) -> None:
+        for rule in self.rules:
+            if rule.matches(point, batch, partition):
+                log.error("fault injection: %s at %s (batch %s)", rule.action, point, batch)
+                if rule.action == "exit":
+                    os._exit(EXIT_CODE)
+                raise InjectedFault(f"injected fault at {point} (batch {batch})")
+
+
+NO_FAULTS = FaultPlan()

@@ -1,0 +1,53 @@
+"""The Spark data source classes that ``register`` installs."""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource
+
+from .errors import ConfigError
+
+
+class TxnDeltaDataSource(DataSource):
+    """``txn-delta``: two-phase transactional Delta sink (and append-stream source)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "txn-delta"
+
+    def schema(self):
+        from .sources.delta import DeltaSourceOptions
+
+        return DeltaSourceOptions.parse(self.options).spark_schema_ddl()
+
+    def streamWriter(self, schema, overwrite: bool):
+        from .sinks.delta import DeltaSinkOptions, TxnDeltaStreamWriter
+
+        if overwrite:
+            raise ConfigError("txn-delta sink: outputMode 'complete' is not supported; use 'append'")
+        return TxnDeltaStreamWriter(DeltaSinkOptions.parse(self.options), schema)
+
+    def streamReader(self, schema):
+        from .sources.delta import DeltaSourceOptions, DeltaStreamReader
+
+        return DeltaStreamReader(DeltaSourceOptions.parse(self.options), schema)
+
+
+class TxnSequenceDataSource(DataSource):
+    """``txn-sequence``: deterministic replayable generator."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "txn-sequence"
+
+    def schema(self) -> str:
+        from .sources.sequence import SequenceOptions
+
+        return SequenceOptions.parse(self.options).ddl
+
+    def streamReader(self, schema):
+        from .sources.sequence import SequenceOptions, SequenceStreamReader
+
+        return SequenceStreamReader(SequenceOptions.parse(self.options))
+
+
+ALL_FORMATS = (TxnDeltaDataSource, TxnSequenceDataSource)

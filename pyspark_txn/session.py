@@ -1,0 +1,46 @@
+"""Spark session helpers: a local session that works on a fresh machine, and ``register``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+log = logging.getLogger(__name__)
+
+
+def register(spark) -> list[str]:
+    """Register every pyspark-txn format with ``spark``; returns their names."""
+    from .formats import ALL_FORMATS
+
+    for cls in ALL_FORMATS:
+        spark.dataSource.register(cls)
+    return [cls.name() for cls in ALL_FORMATS]
+
+
+def local_session(app_name: str = "pyspark-txn", cores: int = 2, **conf: str):
+    """A local SparkSession with pyspark-txn registered.
+
+    Python workers must run this interpreter (otherwise a streaming query dies
+    ~20 s in with "Python worker failed to connect back"), Spark stays on
+    loopback, and shuffles use as many partitions as cores.
+    """
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(f"local[{cores}]")
+        .config("spark.sql.shuffle.partitions", str(cores))
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
+        .config("spark.sql.streaming.stopActiveRunOnRestart", "true")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark

@@ -1,0 +1,1 @@
+"""Spark-facing sinks and the target-independent two-phase protocol."""

@@ -1,0 +1,1 @@
+"""Spark-facing stream readers, one module per system."""

@@ -1,0 +1,169 @@
+"""The thin IO shell: an append-only event log behind one small interface.
+
+Backends implement :class:`EventLog` (conditional append + read). Everything
+about *safe* writes — re-reading to decide unknown outcomes, bounded retries,
+conflicts, indeterminate results — lives once, in :class:`RecordStore`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TypeVar
+
+from ..errors import CommitConflict, IndeterminateCommitError
+from .core import SinkState, fold_sink
+from .events import Event
+from .offset_log import OffsetLogState, fold_offsets
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+
+
+class AppendRejected(Exception):
+    """Backend answer: the append determinately did not land (seq taken or a lost race)."""
+
+
+class EventLog(ABC):
+    """A store of per-stream, gap-free event sequences.
+
+    ``append`` must be atomic and conditional: it lands only if no event of
+    ``event.stream`` with ``seq >= event.seq`` exists. It returns on success,
+    raises :class:`AppendRejected` when it determinately did not land, and
+    raises anything else when the outcome is unknown.
+    """
+
+    @abstractmethod
+    def append(self, event: Event) -> None: ...
+
+    @abstractmethod
+    def read(self, stream: str) -> list[Event]:
+        """All events of ``stream`` ordered by seq."""
+
+    @abstractmethod
+    def streams(self) -> list[str]: ...
+
+
+class MemoryEventLog(EventLog):
+    """In-process backend for pure unit tests of the state core. Not durable."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, list[Event]] = {}
+        self._lock = threading.Lock()
+
+    def append(self, event: Event) -> None:
+        with self._lock:
+            events = self._events.setdefault(event.stream, [])
+            if len(events) > event.seq:
+                raise AppendRejected(f"{event.stream}#{event.seq} is taken")
+            if len(events) < event.seq:
+                raise AppendRejected(f"{event.stream}#{event.seq} would leave a gap")
+            events.append(event)
+
+    def read(self, stream: str) -> list[Event]:
+        with self._lock:
+            return list(self._events.get(stream, ()))
+
+    def streams(self) -> list[str]:
+        with self._lock:
+            return sorted(self._events)
+
+
+class RecordStore:
+    """Safe writes and folds over an :class:`EventLog`."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        *,
+        max_attempts: int = 5,
+        backoff_s: float = 0.05,
+        conflict_retries: int = 3,
+    ) -> None:
+        self.log = log
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.conflict_retries = conflict_retries
+
+    def events(self, stream: str) -> list[Event]:
+        return self.log.read(stream)
+
+    def load_sink(self, sink_id: str) -> SinkState:
+        return fold_sink(sink_id, self.events(sink_id))
+
+    def load_offsets(self, source_id: str) -> OffsetLogState:
+        return fold_offsets(source_id, self.events(source_id))
+
+    def safe_append(self, event: Event) -> Event:
+        """Return only once ``event`` is known to have landed.
+
+        Raises ``CommitConflict`` when another writer holds ``event.seq`` and
+        ``IndeterminateCommitError`` when the outcome stays unknown after
+        ``max_attempts`` tries. Never guesses.
+        """
+        last_error: BaseException | None = None
+        for attempt in range(self.max_attempts):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                self.log.append(event)
+                return event
+            except AppendRejected as e:
+                last_error = e
+            except Exception as e:  # unknown outcome: re-read to decide
+                log.warning("record write %s#%d: outcome unknown (%r)", event.stream, event.seq, e)
+                last_error = e
+            try:
+                found = self._find(event)
+            except Exception as e:
+                log.warning("re-reading %s after a failed write failed too: %r", event.stream, e)
+                last_error = e
+                continue
+            if found is None:
+                continue  # it did not land: try again
+            if found.event_id == event.event_id:
+                return event  # it landed; the response was lost
+            raise CommitConflict(
+                f"record {event.stream}#{event.seq} ({event.kind.value}) was written by another "
+                f"writer first ({found.kind.value}, epoch {found.epoch})"
+            )
+        raise IndeterminateCommitError(
+            f"could not determine whether record {event.stream}#{event.seq} "
+            f"({event.kind.value}) was written after {self.max_attempts} attempts; "
+            "the batch stops here without phase 2 and recovery decides on restart"
+        ) from last_error
+
+    def _find(self, event: Event) -> Event | None:
+        for e in self.log.read(event.stream):
+            if e.seq == event.seq:
+                return e
+        return None
+
+    def update(
+        self,
+        stream: str,
+        fold: Callable[[str, list[Event]], S],
+        transition: Callable[[S], Event],
+    ) -> tuple[Event, S]:
+        """Fold, run ``transition``, append its event safely; re-fold on a lost race.
+
+        The transition sees the fresh state after a conflict, so it raises the
+        error that explains the race (``FencedError``) or succeeds when the
+        concurrent event was harmless.
+        """
+        for _ in range(self.conflict_retries):
+            state = fold(stream, self.events(stream))
+            event = transition(state)
+            try:
+                self.safe_append(event)
+            except CommitConflict:
+                continue
+            return event, state.apply(event)
+        raise CommitConflict(
+            f"record stream {stream!r}: lost {self.conflict_retries} races in a row "
+            "to concurrent writers"
+        )
