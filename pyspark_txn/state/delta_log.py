@@ -66,8 +66,11 @@ class DeltaEventLog(EventLog):
             self.create_if_missing()
             dt = self._open()
         current = dt.transaction_version(event.stream)
-        if current is not None and current >= event.seq:
-            raise AppendRejected(f"{event.stream}#{event.seq} is taken (txn version {current})")
+        expected = 0 if current is None else current + 1
+        if event.seq != expected:
+            raise AppendRejected(
+                f"{event.stream}#{event.seq} cannot land: the next free seq is {expected}"
+            )
         try:
             write_deltalake(
                 dt,

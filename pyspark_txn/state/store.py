@@ -17,6 +17,7 @@ from typing import TypeVar
 from ..errors import CommitConflict, IndeterminateCommitError
 from .core import SinkState, fold_sink
 from .events import Event
+from . import offset_log as offsets
 from .offset_log import OffsetLogState, fold_offsets
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,8 @@ class AppendRejected(Exception):
 class EventLog(ABC):
     """A store of per-stream, gap-free event sequences.
 
-    ``append`` must be atomic and conditional: it lands only if no event of
-    ``event.stream`` with ``seq >= event.seq`` exists. It returns on success,
+    ``append`` must be atomic and conditional: it lands only if ``event.seq``
+    is the stream's next free sequence number. It returns on success,
     raises :class:`AppendRejected` when it determinately did not land, and
     raises anything else when the outcome is unknown.
     """
@@ -58,10 +59,10 @@ class MemoryEventLog(EventLog):
     def append(self, event: Event) -> None:
         with self._lock:
             events = self._events.setdefault(event.stream, [])
-            if len(events) > event.seq:
-                raise AppendRejected(f"{event.stream}#{event.seq} is taken")
-            if len(events) < event.seq:
-                raise AppendRejected(f"{event.stream}#{event.seq} would leave a gap")
+            if event.seq != len(events):
+                raise AppendRejected(
+                    f"{event.stream}#{event.seq} cannot land: the next free seq is {len(events)}"
+                )
             events.append(event)
 
     def read(self, stream: str) -> list[Event]:
@@ -70,7 +71,7 @@ class MemoryEventLog(EventLog):
 
     def streams(self) -> list[str]:
         with self._lock:
-            return sorted(self._events)
+            return sorted(s for s, events in self._events.items() if events)
 
 
 class RecordStore:
@@ -97,6 +98,20 @@ class RecordStore:
 
     def load_offsets(self, source_id: str) -> OffsetLogState:
         return fold_offsets(source_id, self.events(source_id))
+
+    def claim(self, source_id: str, message_ids: list[str]) -> tuple[int, list[str]]:
+        """Durably bind the not-yet-claimed ids to the next offset: (offset, ids)."""
+        event, _ = self.update(source_id, fold_offsets, lambda s: offsets.claim(s, message_ids))
+        return event.payload["offset"], event.payload["ids"]
+
+    def ack(self, source_id: str, through: int) -> None:
+        """Record that claims up to ``through`` were acknowledged (idempotent)."""
+
+        def transition(state: OffsetLogState) -> Event:
+            return offsets.ack(state, through)
+
+        if self.load_offsets(source_id).acked_through < through:
+            self.update(source_id, fold_offsets, transition)
 
     def safe_append(self, event: Event) -> Event:
         """Return only once ``event`` is known to have landed.

@@ -1,0 +1,146 @@
+"""Property-based tests: random runs, crashes, lost responses and zombies against
+the two-phase protocol, with every invariant checked after every step.
+
+The parts are the real protocol code (TwoPhaseCommitter, RecordStore, the fold)
+over the in-memory event log and an in-memory target; the Delta and Spark
+versions are proven by the contract and crash suites.
+"""
+
+import uuid
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from support import FaultyLog, MemoryTarget
+
+from pyspark_txn.errors import (
+    FencedError,
+    IndeterminateCommitError,
+)
+from pyspark_txn.faults import FaultPlan, FaultRule, InjectedFault
+from pyspark_txn.sinks.twophase import TwoPhaseCommitter
+from pyspark_txn.state import MemoryEventLog, RecordStore, TxnHandle, check_invariants
+
+SINK = "sink"
+ROWS_PER_BATCH = 4
+CRASH_POINTS = ["before_record", "after_record", "after_phase2", "after_commit"]
+
+
+def batch_rows(b):
+    return list(range(b * ROWS_PER_BATCH, (b + 1) * ROWS_PER_BATCH))
+
+
+class ProtocolMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.log = FaultyLog(MemoryEventLog())
+        self.store = RecordStore(self.log, max_attempts=2, backoff_s=0)
+        self.target = MemoryTarget()
+        self.spark_committed = -1  # Spark's commit log: the last batch it knows is done
+        self.run_epoch = None  # None: the next batch starts a new run
+        self.safe_handles: set[str] = set()
+
+    def committer(self, faults=FaultPlan()):
+        return TwoPhaseCommitter(self.store, self.target, SINK, faults=faults, backoff_s=0)
+
+    def start_attempt(self, committer):
+        if self.run_epoch is None:
+            self.run_epoch = committer.begin_run(uuid.uuid4().hex, "query")
+        return committer.allocate(self.run_epoch)
+
+    def stage(self, snapshot_id, batch, partitions):
+        rows = batch_rows(batch)
+        txns = []
+        for p in range(partitions):
+            part = rows[p::partitions]
+            handle = f"s{snapshot_id}-p{p}-{uuid.uuid4().hex[:6]}"
+            self.target.stage(snapshot_id, handle, part)
+            txns.append(TxnHandle(p, handle, len(part), 1, "crc32:0"))
+        return txns
+
+    @rule(
+        partitions=st.integers(1, 3),
+        crash=st.sampled_from([None] * 4 + CRASH_POINTS),
+        storage=st.sampled_from([None, None, "lose_response", "fail_before", "indeterminate"]),
+    )
+    def run_batch(self, partitions, crash, storage):
+        """Spark runs its next batch (a replay if the last attempt failed)."""
+        batch = self.spark_committed + 1
+        faults = FaultPlan((FaultRule(crash, "raise", batch=batch),)) if crash else FaultPlan()
+        committer = self.committer(faults)
+        try:
+            snapshot_id = self.start_attempt(committer)
+            txns = self.stage(snapshot_id, batch, partitions)
+            if storage:
+                self.log.plan = [storage]
+            committer.commit(batch, snapshot_id, self.run_epoch, txns, query_id="query")
+        except (InjectedFault, IndeterminateCommitError, OSError):
+            self.run_epoch = None  # the query fails; Spark does not log the batch
+            return
+        finally:
+            self.log.plan, self.log.read_failures = [], 0
+        self.spark_committed = batch
+
+    @rule(partitions=st.integers(1, 2))
+    def abort_batch(self, partitions):
+        """A task fails: Spark aborts; a zombie task may still stage a file afterwards."""
+        committer = self.committer()
+        snapshot_id = self.start_attempt(committer)
+        self.stage(snapshot_id, self.spark_committed + 1, partitions)
+        committer.abort(snapshot_id)
+        self.target.stage(snapshot_id, f"zombie-{snapshot_id}", [10**6])
+        self.run_epoch = None
+
+    @rule()
+    def crash_driver(self):
+        self.run_epoch = None
+
+    @precondition(lambda self: self.run_epoch is not None)
+    @rule()
+    def second_query_takes_over(self):
+        """Another run takes the sink; the old run's next attempt must be fenced."""
+        old = self.run_epoch
+        self.run_epoch = None
+        newer = self.committer()
+        self.run_epoch = newer.begin_run("intruder", "query")
+        try:
+            self.committer().allocate(old)
+        except FencedError:
+            pass
+        else:
+            raise AssertionError("an older epoch allocated after a newer run took over")
+
+    @invariant()
+    def record_log_is_valid(self):
+        state = check_invariants(SINK, self.log.inner.read(SINK))
+        for rec in state.records.values():
+            self.safe_handles |= {t.handle for t in rec.txns}
+        # no txn of a safe record is ever rolled back
+        assert not (self.safe_handles & self.target.rolled_back)
+        # no committed txn exists for a snapshot whose record is not safe
+        assert self.target.committed_handles <= self.safe_handles
+        recorded = {r.batch_id for r in state.records.values()}
+        assert set(self.target.batches) <= recorded
+        # never a row twice, and every batch Spark considers done is in the target
+        rows = self.target.rows
+        assert len(rows) == len(set(rows))
+        assert set(range(self.spark_committed + 1)) <= set(self.target.batches)
+
+    def teardown(self):
+        # Recovery: a clean restart runs the pipeline to the end.
+        self.run_epoch = None
+        for _ in range(3):
+            self.run_batch.hypothesis_stateful_rule.function(self, 2, None, None)
+        target_batches = self.spark_committed + 1
+        assert sorted(self.target.rows) == [r for b in range(target_batches) for r in batch_rows(b)]
+        state = self.store.load_sink(SINK)
+        assert self.target.staged_snapshot_ids() <= {r.snapshot_id for r in state.records.values()}
+
+
+ProtocolMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestProtocol = ProtocolMachine.TestCase
