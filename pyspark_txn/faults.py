@@ -1,7 +1,8 @@
 """Deterministic fault injection at named protocol steps, for crash tests only.
 
-A plan is a comma-separated list of ``point:action[@batch=N][@partition=P]``
-rules, given through the test-only option ``faultInjection``. ``exit`` kills
+A plan is a comma-separated list of
+``point:action[@batch=N][@snapshot=S][@partition=P]`` rules (executors know
+the snapshot id, not the batch id), given through the test-only option ``faultInjection``. ``exit`` kills
 the current Python process with ``os._exit`` (a crash: no cleanup runs);
 ``raise`` raises :class:`InjectedFault`. Never set it in production.
 """
@@ -37,12 +38,14 @@ class FaultRule:
     point: str
     action: str
     batch: int | None = None
+    snapshot: int | None = None
     partition: int | None = None
 
-    def matches(self, point: str, batch: int | None, partition: int | None) -> bool:
+    def matches(self, point: str, batch: int | None, snapshot: int | None, partition: int | None) -> bool:
         return (
             self.point == point
             and (self.batch is None or self.batch == batch)
+            and (self.snapshot is None or self.snapshot == snapshot)
             and (self.partition is None or self.partition == partition)
         )
 
@@ -67,18 +70,25 @@ class FaultPlan:
             kw: dict[str, int] = {}
             for c in conds:
                 key, _, value = c.partition("=")
-                if key not in ("batch", "partition") or not value.lstrip("-").isdigit():
+                if key not in ("batch", "snapshot", "partition") or not value.isdigit():
                     raise ConfigError(
-                        f"faultInjection rule {part!r}: condition {c!r} must be batch=N or "
-                        "partition=N"
+                        f"faultInjection rule {part!r}: condition {c!r} must be batch=N, "
+                        "snapshot=N or partition=N"
                     )
                 kw[key] = int(value)
             rules.append(FaultRule(point, action, **kw))
         return cls(tuple(rules))
 
-    def hit(self, point: str, batch: int | None = None, partition: int | None = None) -> None:
+    def hit(
+        self,
+        point: str,
+        batch: int | None = None,
+        *,
+        snapshot: int | None = None,
+        partition: int | None = None,
+    ) -> None:
         for rule in self.rules:
-            if rule.matches(point, batch, partition):
+            if rule.matches(point, batch, snapshot, partition):
                 log.error("fault injection: %s at %s (batch %s)", rule.action, point, batch)
                 if rule.action == "exit":
                     os._exit(EXIT_CODE)

@@ -288,7 +288,7 @@ class TxnDeltaStreamWriter(_WriterBase):
             partition,
             self.arrow_schema,
         )
-        self.opts.faults.hit("phase1", partition=partition)
+        self.opts.faults.hit("phase1", snapshot=snapshot_id, partition=partition)
         return TxnCommitMessage(
             sink_id=self.opts.sink_id,
             snapshot_id=snapshot_id,
