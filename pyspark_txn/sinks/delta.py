@@ -221,40 +221,26 @@ class TxnCommitMessage(WriterCommitMessage):
     txns: list[dict[str, Any]]
 
 
-# Runs this driver process has taken over: (record table, sink id, run key) -> epoch.
-_RUNS: dict[tuple[str, str, str], int] = {}
+# Spark calls streamWriter() and pickles the writer in one long-lived Python
+# worker per driver JVM (not the user's process: measured on 4.2). A run is
+# that worker's lifetime; its epochs: (record table, sink id) -> epoch.
+_RUNS: dict[tuple[str, str], int] = {}
 _RUNS_LOCK = threading.Lock()
-_PROCESS_RUN = uuid.uuid4().hex
-
-
-def _spark_run_id(query_id: str | None) -> str:
-    """Spark's run id of the active query, so a restart in the same process is a new run."""
-    if query_id is None:
-        return _PROCESS_RUN
-    try:
-        from pyspark.sql import SparkSession
-
-        spark = SparkSession.getActiveSession() or SparkSession._instantiatedSession
-        q = spark.streams.get(query_id) if spark is not None else None
-        if q is not None:
-            return str(q.runId)
-    except Exception as e:  # Spark Connect or a missing session: fall back to the process
-        log.debug("no Spark run id for query %s: %r", query_id, e)
-    return _PROCESS_RUN
+_RUN_OWNER = uuid.uuid4().hex
 
 
 def prepare_attempt(opts: DeltaSinkOptions, arrow_schema) -> tuple[int, int]:
     """Driver side, before phase 1: take over the sink if this is a new run, then
     allocate this batch's snapshot id. Returns (epoch, snapshot id)."""
-    query_id = read_query_id(opts.checkpoint_location, dict(opts.fs_options))
-    key = (opts.record_table, opts.sink_id, _spark_run_id(query_id))
+    key = (opts.record_table, opts.sink_id)
     committer = opts.committer()
     with _RUNS_LOCK:
         epoch = _RUNS.get(key)
         if epoch is None:
             committer.target.check_stream_schema(arrow_schema, opts.merge_schema)
             committer.store.log.create_if_missing()
-            epoch = committer.begin_run(owner=key[2], query_id=query_id, query_name=opts.query_name)
+            query_id = read_query_id(opts.checkpoint_location, dict(opts.fs_options))
+            epoch = committer.begin_run(_RUN_OWNER, query_id, opts.query_name)
             _RUNS[key] = epoch
     return epoch, committer.allocate(epoch)
 

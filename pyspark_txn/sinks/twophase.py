@@ -114,10 +114,14 @@ class TwoPhaseCommitter:
         self._check_target_matches(state)
         for rec in pending_phase2(state):
             state = self._phase2(state, rec)
-        for sid in sorted(orphan_snapshot_ids(state, self.target.staged_snapshot_ids())):
+        self._sweep_orphans(state, in_flight=None)
+        return event.epoch
+
+    def _sweep_orphans(self, state: SinkState, in_flight: int | None) -> None:
+        staged = self.target.staged_snapshot_ids()
+        for sid in sorted(orphan_snapshot_ids(state, staged, in_flight)):
             log.info("sink %s: rolling back orphan staged snapshot %d", self.sink_id, sid)
             self.target.discard(sid)
-        return event.epoch
 
     def _check_target_matches(self, state: SinkState) -> None:
         committed = self.target.committed_batch(self.sink_id)
@@ -165,12 +169,13 @@ class TwoPhaseCommitter:
             if rec.snapshot_id != snapshot_id:
                 self.target.discard(snapshot_id)
             self._phase2(state, rec)
+            self._sweep_orphans(state, in_flight=None)
             return rec
-        # Abandoned attempts between the last good snapshot and this one: ids
-        # are allocated densely, so they are exactly this range. Rolled back
-        # before the record, so a safe record never has orphans below it.
-        for sid in range(state.snapshot_id + 1, snapshot_id):
-            self.target.discard(sid)
+        if state.snapshot_id + 1 < snapshot_id:
+            # Attempts were abandoned since the last good snapshot: roll back
+            # everything no safe record names (late zombie files included)
+            # before this record, so a safe record never has orphans below it.
+            self._sweep_orphans(state, in_flight=snapshot_id)
         committed = self.target.committed_batch(self.sink_id)
         if committed is not None and committed >= batch_id:
             raise CheckpointMismatchError(

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set up a development environment on a fresh Debian machine with Python >= 3.10:
+# a Java runtime for Spark (from Debian's packages, only where missing) and a
+# virtual environment in .venv with pyspark-txn and its dev extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_install() {
+  missing=()
+  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]} from Debian's packages" >&2
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+if ! command -v java >/dev/null 2>&1; then
+  apt_install openjdk-17-jre-headless
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv || { apt_install python3-venv; "$PYTHON" -m venv .venv; }
+fi
+.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "WARNING: Location" || true
+.venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v "WARNING: Location" || true
+.venv/bin/python -c "import pyspark_txn, pyspark, deltalake" \
+  || { echo "setup: pyspark-txn did not install" >&2; exit 1; }
