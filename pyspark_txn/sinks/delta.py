@@ -223,8 +223,8 @@ class TxnCommitMessage(WriterCommitMessage):
 
 # Spark calls streamWriter() and pickles the writer in one long-lived Python
 # worker per driver JVM (not the user's process: measured on 4.2). A run is
-# that worker's lifetime; its epochs: (record table, sink id) -> epoch.
-_RUNS: dict[tuple[str, str], int] = {}
+# that worker's lifetime; its epochs: (record table, sink id, query id) -> epoch.
+_RUNS: dict[tuple[str, str, str | None], int] = {}
 _RUNS_LOCK = threading.Lock()
 _RUN_OWNER = uuid.uuid4().hex
 
@@ -232,14 +232,14 @@ _RUN_OWNER = uuid.uuid4().hex
 def prepare_attempt(opts: DeltaSinkOptions, arrow_schema) -> tuple[int, int]:
     """Driver side, before phase 1: take over the sink if this is a new run, then
     allocate this batch's snapshot id. Returns (epoch, snapshot id)."""
-    key = (opts.record_table, opts.sink_id)
+    query_id = read_query_id(opts.checkpoint_location, dict(opts.fs_options))
+    key = (opts.record_table, opts.sink_id, query_id)
     committer = opts.committer()
     with _RUNS_LOCK:
         epoch = _RUNS.get(key)
         if epoch is None:
             committer.target.check_stream_schema(arrow_schema, opts.merge_schema)
             committer.store.log.create_if_missing()
-            query_id = read_query_id(opts.checkpoint_location, dict(opts.fs_options))
             epoch = committer.begin_run(_RUN_OWNER, query_id, opts.query_name)
             _RUNS[key] = epoch
     return epoch, committer.allocate(epoch)

@@ -157,7 +157,7 @@ class TwoPhaseCommitter:
         kind: SnapshotKind = SnapshotKind.AUTOMATIC,
     ) -> SnapshotRecord:
         state = self.load()
-        decision = decide(state, batch_id, snapshot_id, epoch)
+        decision = decide(state, batch_id, snapshot_id, epoch, query_id)
         if isinstance(decision, Replay):
             # A replayed batch: decided before. Phase 2 again "just in case"
             # (a no-op if it landed) and the new attempt's staged data goes.

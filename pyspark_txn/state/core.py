@@ -264,13 +264,7 @@ def begin_epoch(
     state: SinkState, owner: str, query_id: str | None, query_name: str | None = None
 ) -> Event:
     """A new run takes the sink over; every older run is fenced from now on."""
-    if state.query_id is not None and query_id is not None and state.query_id != query_id:
-        raise CheckpointMismatchError(
-            f"sink {state.sink_id!r} was written by streaming query {state.query_id} but the "
-            f"checkpoint now belongs to query {query_id}: the checkpoint was deleted or replaced. "
-            "Restarting would skip or duplicate data. Restore the original checkpoint, or give "
-            "the new query its own sink (option sinkId) and target."
-        )
+    check_query(state, query_id)
     return Event(
         stream=state.sink_id,
         seq=state.next_seq,
@@ -315,7 +309,21 @@ class Decide:
     """A new decision: make the record safe, then run phase 2."""
 
 
-def decide(state: SinkState, batch_id: int, snapshot_id: int, epoch: int) -> Replay | Decide:
+def check_query(state: SinkState, query_id: str | None) -> None:
+    """The checkpoint must belong to the query that wrote this sink's history."""
+    if state.query_id is not None and query_id is not None and state.query_id != query_id:
+        raise CheckpointMismatchError(
+            f"sink {state.sink_id!r} was written by streaming query {state.query_id} but the "
+            f"checkpoint now belongs to query {query_id}: the checkpoint was deleted or replaced. "
+            "Restarting would skip or duplicate data. Restore the original checkpoint, or give "
+            "the new query its own sink (option sinkId) and target."
+        )
+
+
+def decide(
+    state: SinkState, batch_id: int, snapshot_id: int, epoch: int, query_id: str | None = None
+) -> Replay | Decide:
+    check_query(state, query_id)
     check_epoch(state, epoch)
     done = state.records.get(batch_id)
     if done is not None:
@@ -338,7 +346,7 @@ def decide(state: SinkState, batch_id: int, snapshot_id: int, epoch: int) -> Rep
 
 
 def record_snapshot(state: SinkState, record: SnapshotRecord) -> Event:
-    decision = decide(state, record.batch_id, record.snapshot_id, record.epoch)
+    decision = decide(state, record.batch_id, record.snapshot_id, record.epoch, record.query_id)
     if isinstance(decision, Replay):
         raise ProtocolViolation(
             f"batch {record.batch_id} of sink {state.sink_id!r} is already decided "
