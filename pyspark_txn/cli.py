@@ -42,12 +42,16 @@ def _print_records(record_table: str, sink: str | None = None) -> None:
             f"ongoing_snapshot_id={rec.ongoing_snapshot_id} "
             f"last_committed_batch={rec.last_committed_batch_id} query={rec.query_id}"
         )
-        print(f"  {'seq':>4} {'event':<10} {'epoch':>5} {'snapshot':>8} {'batch':>5} {'rows':>8}  details")
+        print(
+            f"  {'seq':>4} {'event':<10} {'epoch':>5} {'snapshot':>8} {'batch':>5} {'rows':>8}  details"
+        )
         for e in events:
             rows = e.payload.get("rows", "")
             detail = ""
             if e.kind.value == "snapshot":
-                detail = f"{len(e.payload['txns'])} staged files, offsets {e.payload['source_offsets']}"
+                detail = (
+                    f"{len(e.payload['txns'])} staged files, offsets {e.payload['source_offsets']}"
+                )
             elif e.kind.value == "committed":
                 detail = f"target version {e.payload.get('target_version')}"
             elif e.kind.value == "epoch":
@@ -95,8 +99,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     table = dt.to_pyarrow_table()
     ids = table.column("id").to_pylist()
     print(f"\n1. Streamed {args.rows} rows into the Delta table {target}")
-    print(f"   read back with delta-rs: {table.num_rows} rows, {len(set(ids))} distinct ids, "
-          f"table version {dt.version()}")
+    print(
+        f"   read back with delta-rs: {table.num_rows} rows, {len(set(ids))} distinct ids, "
+        f"table version {dt.version()}"
+    )
     print("\n2. The record table (snapshot records written before each commit):")
     _print_records(_record_table(checkpoint))
 
@@ -105,8 +111,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         path = os.path.join(checkpoint, "commits", name)
         if os.path.exists(path):
             os.remove(path)
-    print(f"\n3. Replay: deleted Spark's commit log of batch {last}, as if the driver died "
-          "right after our commit; restarting the query ...")
+    print(
+        f"\n3. Replay: deleted Spark's commit log of batch {last}, as if the driver died "
+        "right after our commit; restarting the query ..."
+    )
     from .state import DeltaEventLog, RecordStore
 
     store = RecordStore(DeltaEventLog(_record_table(checkpoint)))

@@ -41,7 +41,9 @@ class FaultRule:
     snapshot: int | None = None
     partition: int | None = None
 
-    def matches(self, point: str, batch: int | None, snapshot: int | None, partition: int | None) -> bool:
+    def matches(
+        self, point: str, batch: int | None, snapshot: int | None, partition: int | None
+    ) -> bool:
         return (
             self.point == point
             and (self.batch is None or self.batch == batch)

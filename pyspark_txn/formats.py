@@ -23,7 +23,9 @@ class TxnDeltaDataSource(DataSource):
         from .sinks.delta import DeltaSinkOptions, TxnDeltaStreamWriter
 
         if overwrite:
-            raise ConfigError("txn-delta sink: outputMode 'complete' is not supported; use 'append'")
+            raise ConfigError(
+                "txn-delta sink: outputMode 'complete' is not supported; use 'append'"
+            )
         return TxnDeltaStreamWriter(DeltaSinkOptions.parse(self.options), schema)
 
     def streamReader(self, schema):

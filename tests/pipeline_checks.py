@@ -64,11 +64,7 @@ class PipelineRunner:
 
     def staged_files(self) -> set[str]:
         root = Path(self.target)
-        return {
-            str(p.relative_to(root))
-            for p in (root / STAGING_ROOT).rglob("*")
-            if p.is_file()
-        }
+        return {str(p.relative_to(root)) for p in (root / STAGING_ROOT).rglob("*") if p.is_file()}
 
     def assert_no_orphans(self) -> None:
         live = set(DeltaTable(self.target).file_uris())

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark.sql.datasource import WriterCommitMessage
+
 from .. import _fs
 from ..checkpoint import read_batch_offsets, read_query_id
 from ..errors import ConfigError
@@ -38,8 +40,6 @@ except ImportError:  # 4.0: an Arrow writer mixed into the stream writer works t
     class _WriterBase(DataSourceArrowWriter, DataSourceStreamWriter):  # type: ignore[no-redef]
         pass
 
-
-from pyspark.sql.datasource import WriterCommitMessage
 
 SINK_OPTIONS = {
     "path": "target Delta table URI (required)",
@@ -144,9 +144,7 @@ class DeltaSinkOptions:
                     "option storageOptions: expected a JSON object of string values, e.g. "
                     '{"AWS_REGION": "eu-west-1"}'
                 )
-        partition_by = tuple(
-            c.strip() for c in opts.get("partitionby", "").split(",") if c.strip()
-        )
+        partition_by = tuple(c.strip() for c in opts.get("partitionby", "").split(",") if c.strip())
         if len(set(partition_by)) != len(partition_by):
             raise ConfigError(f"option partitionBy={opts['partitionby']!r} repeats a column")
         return cls(
@@ -170,21 +168,28 @@ class DeltaSinkOptions:
         names = arrow_schema.names
         missing = [c for c in self.partition_by if c not in names]
         if missing:
-            raise ConfigError(f"option partitionBy: columns {missing} are not in the stream {names}")
+            raise ConfigError(
+                f"option partitionBy: columns {missing} are not in the stream {names}"
+            )
         import pyarrow as pa
 
         for c in self.partition_by:
             t = arrow_schema.field(c).type
             if not (
-                pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
-                or pa.types.is_date32(t) or pa.types.is_boolean(t)
+                pa.types.is_integer(t)
+                or pa.types.is_string(t)
+                or pa.types.is_large_string(t)
+                or pa.types.is_date32(t)
+                or pa.types.is_boolean(t)
             ):
                 raise ConfigError(
                     f"option partitionBy: column {c!r} has type {t}; partition columns must be "
                     "string, integer, date or boolean"
                 )
         if len(self.partition_by) == len(names):
-            raise ConfigError("option partitionBy: at least one column must not be a partition column")
+            raise ConfigError(
+                "option partitionBy: at least one column must not be a partition column"
+            )
 
     def record_store(self) -> RecordStore:
         return RecordStore(DeltaEventLog(self.record_table, dict(self.storage_options)))
@@ -199,7 +204,9 @@ class DeltaSinkOptions:
         )
 
     def committer(self) -> TwoPhaseCommitter:
-        return TwoPhaseCommitter(self.record_store(), self.target(), self.sink_id, faults=self.faults)
+        return TwoPhaseCommitter(
+            self.record_store(), self.target(), self.sink_id, faults=self.faults
+        )
 
     def staging(self) -> StagingConfig:
         return StagingConfig(

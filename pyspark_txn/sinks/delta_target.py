@@ -63,7 +63,9 @@ def schema_drift(table_schema, stream_schema) -> tuple[list[str], list[str]]:
         if old is None:
             added.append(f.name)
         elif _normal_type(old.type) != _normal_type(f.type):
-            problems.append(f"column {f.name!r} is {old.type} in the table but {f.type} in the stream")
+            problems.append(
+                f"column {f.name!r} is {old.type} in the table but {f.type} in the stream"
+            )
     problems += [f"column {name!r} of the table is missing from the stream" for name in table]
     return added, problems
 
@@ -117,9 +119,7 @@ class DeltaTarget(Target):
         added, problems = schema_drift(table_arrow_schema(dt), stream_schema)
         if problems or (added and not merge_schema):
             detail = "; ".join(problems + [f"the stream adds column {c!r}" for c in added])
-            hint = (
-                "" if problems else " Set option mergeSchema=true to add new nullable columns."
-            )
+            hint = "" if problems else " Set option mergeSchema=true to add new nullable columns."
             raise ConfigError(
                 f"the stream's schema does not match the Delta table at {self.uri}: {detail}.{hint}"
             )
@@ -170,7 +170,12 @@ class DeltaTarget(Target):
             return
         stray = [self._abs(rel) for rel in self._staged_files(snapshot_id) if rel not in keep]
         if stray:
-            log.info("sink %s: removing %d stray staged files of snapshot %d", self.sink_id, len(stray), snapshot_id)
+            log.info(
+                "sink %s: removing %d stray staged files of snapshot %d",
+                self.sink_id,
+                len(stray),
+                snapshot_id,
+            )
             self.fs.rm(stray)
 
     def staged_snapshot_ids(self) -> set[int]:
@@ -237,9 +242,7 @@ class DeltaTarget(Target):
         if added and record.target.get("merge_schema"):
             from deltalake.schema import Field
 
-            dt.alter.add_columns(
-                [Field.from_arrow(stream_schema.field(c)) for c in added]
-            )
+            dt.alter.add_columns([Field.from_arrow(stream_schema.field(c)) for c in added])
         dt.create_write_transaction(
             adds,
             mode="append",
@@ -253,8 +256,9 @@ class DeltaTarget(Target):
         """The table version that committed ``record`` (found by its commit metadata)."""
         dt.update_incremental()
         for entry in dt.history(depth):
-            if entry.get(META_PREFIX + "sink_id") == self.sink_id and entry.get(
-                META_PREFIX + "batch_id"
-            ) == record.batch_id:
+            if (
+                entry.get(META_PREFIX + "sink_id") == self.sink_id
+                and entry.get(META_PREFIX + "batch_id") == record.batch_id
+            ):
                 return entry["version"]
         return None

@@ -257,7 +257,9 @@ class PartitionStager:
         for key, part in _split_by(batch, self.cfg.partition_by):
             out = self.outputs.get(key)
             if out is None:
-                values = {c: _partition_value(v) for c, v in zip(self.cfg.partition_by, key)}
+                values = {
+                    c: _partition_value(v) for c, v in zip(self.cfg.partition_by, key, strict=True)
+                }
                 out = self.outputs[key] = _RollingFile(self, values)
             out.add(part.select([f.name for f in self.file_schema]))
 

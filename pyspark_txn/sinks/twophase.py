@@ -164,7 +164,9 @@ class TwoPhaseCommitter:
             rec = decision.record
             log.info(
                 "sink %s: batch %d was decided as snapshot %d; replay is a no-op",
-                self.sink_id, batch_id, rec.snapshot_id,
+                self.sink_id,
+                batch_id,
+                rec.snapshot_id,
             )
             if rec.snapshot_id != snapshot_id:
                 self.target.discard(snapshot_id)
@@ -227,7 +229,8 @@ class TwoPhaseCommitter:
         if state.record_for_snapshot(snapshot_id) is not None:
             log.warning(
                 "sink %s: abort of snapshot %d ignored: its record is safe, phase 2 will finish it",
-                self.sink_id, snapshot_id,
+                self.sink_id,
+                snapshot_id,
             )
             return
         self.target.discard(snapshot_id)

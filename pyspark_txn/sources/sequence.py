@@ -70,7 +70,9 @@ class SequenceOptions:
 
     @property
     def ddl(self) -> str:
-        return ", ".join(["id long", "value long"] + [f"c{k} long" for k in range(1, self.width + 1)])
+        return ", ".join(
+            ["id long", "value long"] + [f"c{k} long" for k in range(1, self.width + 1)]
+        )
 
     def arrow_schema(self):
         import pyarrow as pa
@@ -83,7 +85,9 @@ def expected_rows(start: int, end: int, width: int = 0):
     """The exact rows of indexes ``[start, end)`` as an Arrow table (for tests and checks)."""
     import pyarrow as pa
 
-    return pa.Table.from_batches(list(generate(start, end, width)), schema=SequenceOptions(width=width).arrow_schema())
+    return pa.Table.from_batches(
+        list(generate(start, end, width)), schema=SequenceOptions(width=width).arrow_schema()
+    )
 
 
 def generate(start: int, end: int, width: int = 0, batch_rows: int = BATCH_ROWS):
@@ -116,7 +120,9 @@ class SequenceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         o = self.opts
         avail = float("inf") if o.total_rows is None else o.start + o.total_rows
         if o.rows_per_second is not None:
-            avail = min(avail, o.start + int((time.monotonic() - self.started_at) * o.rows_per_second))
+            avail = min(
+                avail, o.start + int((time.monotonic() - self.started_at) * o.rows_per_second)
+            )
         if self.target is not None:
             avail = min(avail, self.target)
         return avail
@@ -139,13 +145,17 @@ class SequenceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         avail = self._available()
-        self.target = int(avail) if avail != float("inf") else self.current + self.opts.rows_per_batch
+        self.target = (
+            int(avail) if avail != float("inf") else self.current + self.opts.rows_per_batch
+        )
 
     def partitions(self, start: dict, end: dict) -> list[SequenceRange]:
         lo, hi = start["index"], end["index"]
         n = self.opts.num_partitions
         bounds = [lo + (hi - lo) * k // n for k in range(n + 1)]
-        return [SequenceRange(a, b, self.opts.width) for a, b in zip(bounds, bounds[1:])]
+        return [
+            SequenceRange(a, b, self.opts.width) for a, b in zip(bounds, bounds[1:], strict=False)
+        ]
 
     def read(self, partition: SequenceRange):
         return generate(partition.start, partition.end, partition.width)

@@ -93,7 +93,9 @@ class DeltaEventLog(EventLog):
             dt.optimize.compact()
             dt.create_checkpoint()
         except Exception as e:  # an optimisation only: the events are already safe
-            log.warning("record table %s: compaction at version %d failed: %r", self.uri, version, e)
+            log.warning(
+                "record table %s: compaction at version %d failed: %r", self.uri, version, e
+            )
 
     def read(self, stream: str) -> list[Event]:
         dt = self._open()

@@ -8,10 +8,9 @@ acknowledged at the broker. Ids of claims are kept so redeliveries are dropped.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Mapping
 
 from ..errors import ProtocolViolation
 from .core import Invariant, _violation
@@ -42,7 +41,8 @@ class OffsetLogState:
     def apply(self, e: Event) -> OffsetLogState:
         if e.seq != self.next_seq:
             raise _violation(
-                Invariant.SEQ_GAP_FREE, f"{self.source_id}: expected seq {self.next_seq}, got {e.seq}"
+                Invariant.SEQ_GAP_FREE,
+                f"{self.source_id}: expected seq {self.next_seq}, got {e.seq}",
             )
         s = replace(self, next_seq=e.seq + 1)
         if e.kind is EventKind.CLAIM:

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ..errors import CommitConflict, IndeterminateCommitError
+from . import offset_log as offsets
 from .core import SinkState, fold_sink
 from .events import Event
-from . import offset_log as offsets
 from .offset_log import OffsetLogState, fold_offsets
 
 log = logging.getLogger(__name__)

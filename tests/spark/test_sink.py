@@ -103,7 +103,9 @@ def test_bad_options_fail_before_any_data_is_written(pipeline, options, message)
 
 def test_missing_path_is_a_clear_error(spark, tmp_path):
     q = (
-        spark.readStream.format("txn-sequence").option("totalRows", 10).load()
+        spark.readStream.format("txn-sequence")
+        .option("totalRows", 10)
+        .load()
         .writeStream.format("txn-delta")
         .option("checkpointLocation", str(tmp_path / "chk"))
         .trigger(availableNow=True)
@@ -162,9 +164,11 @@ def test_record_pointing_at_missing_files_is_a_corrupt_snapshot(pipeline):
 
 def test_record_table_history_is_queryable_with_any_delta_reader(pipeline):
     assert pipeline.run() is None
-    rows = DeltaTable(
-        os.path.join(pipeline.checkpoint, "pyspark_txn", "records")
-    ).to_pyarrow_table().to_pylist()
+    rows = (
+        DeltaTable(os.path.join(pipeline.checkpoint, "pyspark_txn", "records"))
+        .to_pyarrow_table()
+        .to_pylist()
+    )
     kinds = sorted({r["kind"] for r in rows})
     assert kinds == ["allocated", "committed", "epoch", "snapshot"]
     snap = next(r for r in rows if r["kind"] == "snapshot")

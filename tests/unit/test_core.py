@@ -66,8 +66,8 @@ def committed_batches(n):
     step(events, lambda s: begin_epoch(s, "owner-a", "q1"))
     for b in range(n):
         step(events, lambda s: allocate(s, s.epoch))
-        step(events, lambda s: record_snapshot(s, record(s, b)))
-        step(events, lambda s: mark_committed(s, s.snapshot_id, b + 10))
+        step(events, lambda s, b=b: record_snapshot(s, record(s, b)))
+        step(events, lambda s, b=b: mark_committed(s, s.snapshot_id, b + 10))
     return events
 
 

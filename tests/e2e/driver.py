@@ -1,0 +1,32 @@
+"""A whole pipeline driver in its own process, for kill -9 and fencing tests.
+
+usage: driver.py BASE TOTAL PER_BATCH [--continuous RATE]
+"""
+
+import sys
+
+import pyspark_txn
+
+
+def main() -> int:
+    base, total, per_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    continuous = "--continuous" in sys.argv
+    spark = pyspark_txn.local_session("pyspark-txn-e2e")
+    reader = spark.readStream.format("txn-sequence").option("rowsPerBatch", per_batch)
+    reader = reader.option("totalRows", total)
+    if continuous:
+        reader = reader.option("rowsPerSecond", sys.argv[sys.argv.index("--continuous") + 1])
+    w = (
+        reader.load()
+        .writeStream.format("txn-delta")
+        .option("path", f"{base}/target")
+        .option("checkpointLocation", f"{base}/chk")
+    )
+    w = w.trigger(processingTime="500 milliseconds") if continuous else w.trigger(availableNow=True)
+    q = w.start()
+    q.awaitTermination()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

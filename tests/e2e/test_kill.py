@@ -1,0 +1,97 @@
+"""kill -9 of the whole driver (Python, JVM and workers) at random moments.
+
+CI runs a bounded number of kills (``PYSPARK_TXN_KILL_RUNS``, default 3);
+offline, set it to 1000. Every run: start the driver, kill its whole process
+group after a random delay, repeat, then run to the end and check every row.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from pipeline_checks import PipelineRunner
+
+pytestmark = [pytest.mark.spark, pytest.mark.chaos]
+
+DRIVER = str(Path(__file__).with_name("driver.py"))
+KILL_RUNS = int(os.environ.get("PYSPARK_TXN_KILL_RUNS", "3"))
+
+
+def start_driver(base, total, per_batch, *extra):
+    return subprocess.Popen(
+        [sys.executable, DRIVER, str(base), str(total), str(per_batch), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
+
+
+def kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(60)
+
+
+def committed_batches(target):
+    try:
+        return DeltaTable(str(target)).version() + 1
+    except Exception:
+        return 0
+
+
+def test_kill_9_at_random_moments_is_exactly_once(tmp_path):
+    rng = random.Random(int(os.environ.get("PYSPARK_TXN_KILL_SEED", "7")))
+    total, per_batch = 40_000, 1000
+    kills = 0
+    for _ in range(KILL_RUNS):
+        proc = start_driver(tmp_path, total, per_batch)
+        time.sleep(rng.uniform(6.0, 16.0))  # Spark starts in ~5-8 s, then ~2-5 batches/s
+        if proc.poll() is None:
+            kill_group(proc)
+            kills += 1
+        else:
+            proc.wait()
+    final = start_driver(tmp_path, total, per_batch)
+    out, _ = final.communicate(timeout=600)
+    assert final.returncode == 0, out[-3000:]
+    runner = PipelineRunner(None, tmp_path, total=total, per_batch=per_batch)
+    runner.assert_exactly_once()
+    runner.assert_no_orphans()
+    runner.assert_records_consistent()
+    assert kills >= 1, "no run was killed: raise the total or lower the delays"
+
+
+def test_second_driver_fences_the_first(tmp_path):
+    """Two drivers on one checkpoint: the newer run fences the older one.
+
+    The older driver normally dies with FencedError at its next allocation;
+    if both race to write the same Spark offset file first, Spark itself
+    stops one for concurrent use. Either way no row is written twice.
+    """
+    first = start_driver(tmp_path, 10**9, 200, "--continuous", "400")
+    deadline = time.time() + 120
+    while committed_batches(tmp_path / "target") < 2:
+        assert time.time() < deadline and first.poll() is None, "first driver never committed"
+        time.sleep(0.5)
+    second = start_driver(tmp_path, 10**9, 200, "--continuous", "400")
+    try:
+        out, _ = first.communicate(timeout=180)
+    finally:
+        kill_group(second)
+        kill_group(first)
+    assert first.returncode != 0
+    assert "FencedError" in out or "concurrently" in out, out[-3000:]
+    # whatever happened, the target holds each committed row once
+    got = DeltaTable(str(tmp_path / "target")).to_pyarrow_table()
+    ids = got.column("id").to_pylist()
+    assert len(ids) == len(set(ids))
+    assert sorted(ids) == list(range(len(ids)))
