@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import (
     CheckpointMismatchError,
@@ -24,6 +24,8 @@ from ..errors import (
 from .events import Event, EventKind
 
 NO_SNAPSHOT = -1
+
+S = TypeVar("S")
 
 
 class SnapshotKind(str, Enum):
@@ -245,11 +247,15 @@ class SinkState:
         raise ProtocolViolation(f"{self.sink_id}: event kind {e.kind.value} is not a sink event")
 
 
-def fold_sink(sink_id: str, events: Iterable[Event]) -> SinkState:
-    state = SinkState(sink_id=sink_id)
+def fold(state: S, events: Iterable[Event]) -> S:
+    """Apply ``events`` in order to any state with an ``apply`` method."""
     for e in events:
         state = state.apply(e)
     return state
+
+
+def fold_sink(sink_id: str, events: Iterable[Event]) -> SinkState:
+    return fold(SinkState(sink_id=sink_id), events)
 
 
 def check_invariants(sink_id: str, events: Iterable[Event]) -> SinkState:

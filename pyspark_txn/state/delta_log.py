@@ -25,15 +25,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _TableCache:
-    """Per process and table: the open DeltaTable and the rows of every data file read.
+    """Per process and table URI: the rows of every data file already read.
 
-    Data files are immutable, so rows cached by file path never go stale; the
-    table is brought up to date with ``update_incremental`` (sub-millisecond)
-    instead of being reopened (7-18 ms), and a read only opens the files added
-    since the last one. Measured: reads went from ~40-150 ms to a few ms.
+    Data files are immutable and carry a UUID in their name, so rows cached by
+    file path can never go stale, even if the table is deleted and recreated;
+    a read opens only the files added since the previous read. Measured on
+    local disk: a sink read went from ~40-150 ms to a few ms.
     """
 
-    table: Any
     filesystem: Any = None
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -58,24 +57,16 @@ class DeltaEventLog(EventLog):
     def __repr__(self) -> str:
         return f"DeltaEventLog({self.uri!r})"
 
-    def _cache(self) -> _TableCache | None:
+    def _open(self):
         from deltalake import DeltaTable
 
-        with _CACHES_LOCK:
-            cache = _CACHES.get(self.uri)
-        if cache is not None:
-            with cache.lock:
-                cache.table.update_incremental()
-            return cache
         if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
             return None
-        cache = _TableCache(DeltaTable(self.uri, storage_options=self.storage_options))
-        with _CACHES_LOCK:
-            return _CACHES.setdefault(self.uri, cache)
+        return DeltaTable(self.uri, storage_options=self.storage_options)
 
-    def _open(self):
-        cache = self._cache()
-        return None if cache is None else cache.table
+    def _cache(self) -> _TableCache:
+        with _CACHES_LOCK:
+            return _CACHES.setdefault(self.uri, _TableCache())
 
     def create_if_missing(self) -> None:
         """Create the table. Call from one process: concurrent creation is unsafe in delta-rs."""
@@ -141,14 +132,15 @@ class DeltaEventLog(EventLog):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        cache = self._cache()
-        if cache is None:
+        dt = self._open()
+        if dt is None:
             return []
+        cache = self._cache()
         with cache.lock:
-            dt = cache.table
             files = pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()
             new = [f for f in files if f not in cache.rows]
             if new and cache.filesystem is None:
+                # delta-rs' object store for this root as a pyarrow filesystem: any URI it supports
                 cache.filesystem = dt.to_pyarrow_dataset().filesystem
             for f in new:
                 cache.rows[f] = pq.read_table(f, filesystem=cache.filesystem).to_pylist()

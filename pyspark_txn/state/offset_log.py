@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from ..errors import ProtocolViolation
-from .core import Invariant, _violation
+from .core import Invariant, _violation, fold
 from .events import Event, EventKind
 
 NO_OFFSET = -1
@@ -66,10 +66,7 @@ class OffsetLogState:
 
 
 def fold_offsets(source_id: str, events: Iterable[Event]) -> OffsetLogState:
-    state = OffsetLogState(source_id=source_id)
-    for e in events:
-        state = state.apply(e)
-    return state
+    return fold(OffsetLogState(source_id=source_id), events)
 
 
 def claim(state: OffsetLogState, message_ids: Sequence[str]) -> Event:

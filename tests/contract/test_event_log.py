@@ -113,8 +113,9 @@ def test_update_refolds_after_a_lost_race(backend):
         store.update("s", fold_sink, transition)
 
 
-def _race_delta(uri, barrier, results, who):
-    store = RecordStore(DeltaEventLog(uri), backoff_s=0.01)
+def _race(log_or_uri, barrier, results, who):
+    log = DeltaEventLog(log_or_uri) if isinstance(log_or_uri, str) else log_or_uri
+    store = RecordStore(log, backoff_s=0.01)
     barrier.wait()
     try:
         store.safe_append(ev(0, query_id=who))
@@ -131,15 +132,13 @@ def test_two_writers_race_for_one_seq(backend, round_):
     if isinstance(backend, MemoryEventLog):
         barrier, results = threading.Barrier(2), __import__("queue").Queue()
         workers = [
-            threading.Thread(target=_race_memory, args=(backend, barrier, results, w))
-            for w in ("a", "b")
+            threading.Thread(target=_race, args=(backend, barrier, results, w)) for w in ("a", "b")
         ]
     else:
         ctx = mp.get_context("spawn")
         barrier, results = ctx.Barrier(2), ctx.Queue()
         workers = [
-            ctx.Process(target=_race_delta, args=(backend.uri, barrier, results, w))
-            for w in ("a", "b")
+            ctx.Process(target=_race, args=(backend.uri, barrier, results, w)) for w in ("a", "b")
         ]
     for w in workers:
         w.start()
@@ -151,16 +150,6 @@ def test_two_writers_race_for_one_seq(backend, round_):
     assert len(landed) == 1
     winner = next(w for w, o in outcome.items() if o == "won")
     assert landed[0].query_id == winner
-
-
-def _race_memory(log, barrier, results, who):
-    store = RecordStore(log, backoff_s=0)
-    barrier.wait()
-    try:
-        store.safe_append(ev(0, query_id=who))
-        results.put((who, "won"))
-    except CommitConflict:
-        results.put((who, "conflict"))
 
 
 # --- offset log ---------------------------------------------------------------
