@@ -125,7 +125,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     dt = DeltaTable(target)
     again = dt.to_pyarrow_table().num_rows
     print(f"   Spark ran batch {last} again. New record events: {', '.join(new)}:")
-    print("   a new run (epoch) and a new snapshot id for the attempt, but no new snapshot")
+    print("   a new snapshot id was reserved for the attempt, but there is no new snapshot")
     print(f"   record: batch {last} was already decided, so phase 2 was a no-op and the")
     print("   attempt's staged files were discarded.")
     print(f"   The table still holds {again} rows (version {dt.version()}): exactly once.")
