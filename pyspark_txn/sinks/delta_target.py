@@ -102,13 +102,7 @@ class DeltaTarget(Target):
     def check_stream_schema(self, stream_schema, merge_schema: bool) -> None:
         """Refuse schema drift and partitioning changes before anything is staged."""
         dt = self.open()
-        if dt is None:
-            missing = [c for c in self.partition_by if c not in stream_schema.names]
-            if missing:
-                raise ConfigError(
-                    f"option partitionBy: columns {missing} are not in the stream's schema "
-                    f"{stream_schema.names}"
-                )
+        if dt is None:  # partition columns were checked against the stream by the options
             return
         table_parts = list(dt.metadata().partition_columns)
         if table_parts != self.partition_by:

@@ -106,12 +106,8 @@ class RecordStore:
 
     def ack(self, source_id: str, through: int) -> None:
         """Record that claims up to ``through`` were acknowledged (idempotent)."""
-
-        def transition(state: OffsetLogState) -> Event:
-            return offsets.ack(state, through)
-
         if self.load_offsets(source_id).acked_through < through:
-            self.update(source_id, fold_offsets, transition)
+            self.update(source_id, fold_offsets, lambda s: offsets.ack(s, through))
 
     def safe_append(self, event: Event) -> Event:
         """Return only once ``event`` is known to have landed.
