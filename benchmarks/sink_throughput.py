@@ -2,14 +2,16 @@
 
     .venv/bin/python benchmarks/sink_throughput.py [--rows 4000000] [--rounds 3]
 
-Sinks, each fed one micro-batch of ``--rows`` rows from txn-sequence:
+Sinks, each fed ``--rows`` rows from txn-sequence in ``--batches`` micro-batches
+(default one):
   parquet     Spark's built-in parquet file sink (JVM only)
   noop        Spark's noop sink (reads the source, writes nothing)
   count-only  a Python Arrow stream writer that only counts rows: the ceiling
               of any Python sink, since every row crosses from the JVM to Python
   foreachBatch  the hand-written alternative: collect with toArrow() and write
               with delta-rs write_deltalake, skipping committed batch ids
-  txn-delta   this package's two-phase transactional Delta sink
+  txn-delta   this package's two-phase transactional Delta sink (snappy, the default)
+  txn-delta-raw  the same with compression=none: shows what encoding costs
 Rounds interleave the sinks so machine noise spreads evenly; medians are
 reported, with ratios against the others. Then a driver-limit demo: the same
 batch with spark.driver.maxResultSize far below the batch size.
@@ -75,11 +77,11 @@ def foreach_batch_to_delta(path: str, app_id: str):
     return write
 
 
-def run_once(spark, sink: str, rows: int, width: int, work: str) -> float:
+def run_once(spark, sink: str, rows: int, width: int, work: str, batches: int = 1) -> float:
     shutil.rmtree(work, ignore_errors=True)
     df = (
         spark.readStream.format("txn-sequence")
-        .option("rowsPerBatch", rows)
+        .option("rowsPerBatch", -(-rows // batches))
         .option("totalRows", rows)
         .option("numPartitions", 2)
         .option("width", width)
@@ -96,12 +98,14 @@ def run_once(spark, sink: str, rows: int, width: int, work: str) -> float:
         w = w.foreachBatch(foreach_batch_to_delta(f"{work}/out", "bench"))
     elif sink == "txn-delta":
         w = w.format("txn-delta").option("path", f"{work}/out")
+    elif sink == "txn-delta-raw":
+        w = w.format("txn-delta").option("path", f"{work}/out").option("compression", "none")
     else:
         raise ValueError(sink)
     t0 = time.perf_counter()
     w.start().awaitTermination()
     elapsed = time.perf_counter() - t0
-    if sink in ("txn-delta", "foreachBatch"):
+    if sink.startswith("txn-delta") or sink == "foreachBatch":
         from deltalake import DeltaTable
 
         got = DeltaTable(f"{work}/out").count()
@@ -109,7 +113,7 @@ def run_once(spark, sink: str, rows: int, width: int, work: str) -> float:
     return elapsed
 
 
-SINKS = ["parquet", "noop", "count-only", "foreachBatch", "txn-delta"]
+SINKS = ["parquet", "noop", "count-only", "foreachBatch", "txn-delta", "txn-delta-raw"]
 
 
 def throughput(args) -> dict:
@@ -123,8 +127,10 @@ def throughput(args) -> dict:
     run_once(spark, "txn-delta", 100_000, args.width, f"{work}/warmup")  # JIT, workers
     times: dict[str, list[float]] = {s: [] for s in SINKS}
     for r in range(args.rounds):
-        for sink in SINKS:
-            t = run_once(spark, sink, args.rows, args.width, f"{work}/{sink}")
+        # Rotate the order: a sink must not always run after the same one
+        # (foreachBatch leaves the driver's heap full of collected batches).
+        for sink in SINKS[r % len(SINKS) :] + SINKS[: r % len(SINKS)]:
+            t = run_once(spark, sink, args.rows, args.width, f"{work}/{sink}", args.batches)
             times[sink].append(t)
             print(
                 f"round {r + 1} {sink:<13} {t:6.2f} s  {args.rows / t / 1e6:5.2f} M rows/s",
@@ -134,7 +140,13 @@ def throughput(args) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     med = {s: statistics.median(v) for s, v in times.items()}
     rate = {s: args.rows / t / 1e6 for s, t in med.items()}
-    return {"median_s": med, "m_rows_per_s": rate}
+    return {"times_s": times, "median_s": med, "m_rows_per_s": rate}
+
+
+def paired_ratio(times: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of (rate a / rate b) within one round: noise shared by a
+    round cancels out."""
+    return statistics.median(tb / ta for ta, tb in zip(times[a], times[b], strict=True))
 
 
 DRIVER_LIMIT_CHILD = r"""
@@ -174,21 +186,31 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=4_000_000)
     p.add_argument("--width", type=int, default=2, help="extra int64 columns")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--batches", type=int, default=1, help="split the rows into this many micro-batches"
+    )
     p.add_argument("--driver-limit", default="32m", help="spark.driver.maxResultSize for the demo")
     p.add_argument("--skip-limit", action="store_true")
     args = p.parse_args()
     res = throughput(args)
     rate = res["m_rows_per_s"]
     print("\nmedian M rows/s: " + ", ".join(f"{s} {rate[s]:.2f}" for s in SINKS))
-    ratios = {
-        "txn-delta / parquet": rate["txn-delta"] / rate["parquet"],
-        "txn-delta / count-only": rate["txn-delta"] / rate["count-only"],
-        "txn-delta / foreachBatch": rate["txn-delta"] / rate["foreachBatch"],
-        "count-only / parquet": rate["count-only"] / rate["parquet"],
-        "foreachBatch / parquet": rate["foreachBatch"] / rate["parquet"],
-    }
-    for k, v in ratios.items():
-        print(f"{k:<26} {v:.2f}x")
+    pairs = [
+        ("txn-delta", "parquet"),
+        ("txn-delta", "count-only"),
+        ("txn-delta", "foreachBatch"),
+        ("txn-delta-raw", "count-only"),
+        ("count-only", "parquet"),
+        ("foreachBatch", "parquet"),
+    ]
+    ratios, paired = {}, {}
+    print(f"{'':<26} {'of medians':>10} {'paired':>8}")
+    for a, b in pairs:
+        k = f"{a} / {b}"
+        ratios[k] = rate[a] / rate[b]
+        paired[k] = paired_ratio(res["times_s"], a, b)
+        print(f"{k:<26} {ratios[k]:>9.2f}x {paired[k]:>7.2f}x")
+    res["paired_ratios"] = paired
     res["ratios"] = ratios
     if not args.skip_limit:
         res["driver_limit"] = driver_limit(args)
@@ -196,7 +218,9 @@ def main() -> None:
         for sink, outcome in res["driver_limit"].items():
             print(f"  {sink:<13} {outcome}")
     os.makedirs("benchmarks/results", exist_ok=True)
-    with open("benchmarks/results/sink_throughput.json", "w") as f:
+    res["args"] = vars(args)
+    suffix = "" if args.batches == 1 else f"_{args.batches}batches"
+    with open(f"benchmarks/results/sink_throughput{suffix}.json", "w") as f:
         json.dump(res, f, indent=2)
 
 

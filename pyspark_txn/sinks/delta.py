@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..faults import FaultPlan
 from ..state import DeltaEventLog, RecordStore, TxnHandle
 from .delta_target import DeltaTarget, schema_to_b64
-from .staging import StagingConfig, stage_partition
+from .staging import PARQUET_CODECS, StagingConfig, stage_partition
 from .twophase import TwoPhaseCommitter
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ SINK_OPTIONS = {
     "storageoptions": "JSON object of delta-rs storage options",
     "mergeschema": "true|false: add new nullable stream columns to the table",
     "rowgrouprows": "rows per parquet row group (default 1000000)",
+    "compression": "parquet codec of staged files: snappy (default), zstd, lz4, gzip or none",
     "targetfilerows": "rows per staged file before rolling over (default 8000000)",
     "faultinjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
 }
@@ -77,6 +78,17 @@ def _parse_positive_int(name: str, value: str) -> int:
     return n
 
 
+def _parse_compression(value: str) -> str:
+    codec = value.strip().lower()
+    if codec == "uncompressed":
+        codec = "none"
+    if codec not in PARQUET_CODECS:
+        raise ConfigError(
+            f"option compression={value!r}: expected one of {', '.join(PARQUET_CODECS)}"
+        )
+    return codec
+
+
 def _check_sink_id(sink_id: str, option: str) -> str:
     if not sink_id or not set(sink_id) <= _SINK_ID_CHARS or sink_id.startswith("."):
         raise ConfigError(
@@ -100,6 +112,7 @@ class DeltaSinkOptions:
     fs_options: tuple[tuple[str, str], ...] = ()
     merge_schema: bool = False
     row_group_rows: int = 1_000_000
+    compression: str = "snappy"
     target_file_rows: int = 8_000_000
     faults: FaultPlan = field(default_factory=FaultPlan)
 
@@ -158,6 +171,7 @@ class DeltaSinkOptions:
             fs_options=tuple(sorted((k[3:], v) for k, v in opts.items() if k.startswith("fs."))),
             merge_schema=_parse_bool("mergeSchema", opts.get("mergeschema", "false")),
             row_group_rows=_parse_positive_int("rowGroupRows", opts.get("rowgrouprows", "1000000")),
+            compression=_parse_compression(opts.get("compression", "snappy")),
             target_file_rows=_parse_positive_int(
                 "targetFileRows", opts.get("targetfilerows", "8000000")
             ),
@@ -215,6 +229,7 @@ class DeltaSinkOptions:
             partition_by=self.partition_by,
             fs_options=self.fs_options,
             row_group_rows=self.row_group_rows,
+            compression=self.compression,
             target_file_rows=self.target_file_rows,
         )
 

@@ -34,6 +34,7 @@ from ..state import TxnHandle
 log = logging.getLogger(__name__)
 
 STAGING_ROOT = "txn-staged"
+PARQUET_CODECS = ("snappy", "zstd", "lz4", "gzip", "none")
 
 
 def snapshot_dir(sink_id: str, snapshot_id: int) -> str:
@@ -56,6 +57,7 @@ class StagingConfig:
     fs_options: tuple[tuple[str, Any], ...] = ()
     row_group_rows: int = 1_000_000
     row_group_bytes: int = 128 << 20
+    compression: str = "snappy"
     target_file_rows: int = 8_000_000
 
 
@@ -198,7 +200,10 @@ class _RollingFile:
             self.path, raw = self.stager.open_new_file()
             self.file = _ChecksumWriter(raw, self.stager.local)
             self.writer = pq.ParquetWriter(
-                self.file, self.stager.file_schema, use_dictionary=self.stager.dictionary_columns
+                self.file,
+                self.stager.file_schema,
+                use_dictionary=self.stager.dictionary_columns,
+                compression=self.stager.cfg.compression,
             )
         self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
         self.file_rows += table.num_rows

@@ -98,8 +98,8 @@ class TwoPhaseCommitter:
     def load(self) -> SinkState:
         return self.store.load_sink(self.sink_id)
 
-    def _update(self, transition: Callable[[SinkState], Any]):
-        return self.store.update(self.sink_id, fold_sink, transition)
+    def _update(self, transition: Callable[[SinkState], Any], state: SinkState | None = None):
+        return self.store.update(self.sink_id, fold_sink, transition, state)
 
     # --- driver, once per run ------------------------------------------------
 
@@ -197,7 +197,7 @@ class TwoPhaseCommitter:
             target=target_meta or {},
         )
         self.faults.hit("before_record", batch_id)
-        _, state = self._update(lambda s: record_snapshot(s, record))
+        _, state = self._update(lambda s: record_snapshot(s, record), state)
         self.faults.hit("after_record", batch_id)
         self._phase2(state, record)
         return record
@@ -213,7 +213,7 @@ class TwoPhaseCommitter:
         self.target.discard(record.snapshot_id, keep=[t.handle for t in record.txns])
         self.faults.hit("after_phase2", record.batch_id)
         if record.snapshot_id not in state.committed:
-            _, state = self._update(lambda s: mark_committed(s, record.snapshot_id, version))
+            _, state = self._update(lambda s: mark_committed(s, record.snapshot_id, version), state)
         self.faults.hit("after_commit", record.batch_id)
         return state
 

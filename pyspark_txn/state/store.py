@@ -159,19 +159,24 @@ class RecordStore:
         stream: str,
         fold: Callable[[str, list[Event]], S],
         transition: Callable[[S], Event],
+        state: S | None = None,
     ) -> tuple[Event, S]:
         """Fold, run ``transition``, append its event safely; re-fold on a lost race.
 
-        The transition sees the fresh state after a conflict, so it raises the
+        ``state``, when the caller just folded it, saves the first read: if it
+        is stale the conditional append loses and the loop re-folds. The
+        transition sees the fresh state after a conflict, so it raises the
         error that explains the race (``FencedError``) or succeeds when the
         concurrent event was harmless.
         """
         for _ in range(self.conflict_retries):
-            state = fold(stream, self.events(stream))
+            if state is None:
+                state = fold(stream, self.events(stream))
             event = transition(state)
             try:
                 self.safe_append(event)
             except CommitConflict:
+                state = None
                 continue
             return event, state.apply(event)
         raise CommitConflict(

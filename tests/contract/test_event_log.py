@@ -113,6 +113,23 @@ def test_update_refolds_after_a_lost_race(backend):
         store.update("s", fold_sink, transition)
 
 
+def test_update_with_a_stale_state_refolds(backend):
+    """A caller's state that missed an event: the append loses, the fresh fold decides."""
+    store = RecordStore(backend, backoff_s=0)
+    _, stale = store.update("s", fold_sink, lambda s: begin_epoch(s, "a", "q"))
+    missed, _ = store.update("s", fold_sink, lambda s: allocate(s, 1))  # stale lacks it
+    event, state = store.update("s", fold_sink, lambda s: allocate(s, 1), stale)
+    assert (event.seq, event.snapshot_id) == (2, missed.snapshot_id + 1)
+    assert [e.snapshot_id for e in backend.read("s")[1:]] == [missed.snapshot_id, event.snapshot_id]
+    assert state.ongoing_snapshot_id == event.snapshot_id
+    # A newer run took the sink since the state was folded: fenced, nothing written.
+    _, old = store.update("s", fold_sink, lambda s: allocate(s, 1))
+    store.update("s", fold_sink, lambda s: begin_epoch(s, "b", "q"))
+    with pytest.raises(FencedError):
+        store.update("s", fold_sink, lambda s: allocate(s, 1), old)
+    assert len(backend.read("s")) == 5
+
+
 def _race(log_or_uri, barrier, results, who):
     log = DeltaEventLog(log_or_uri) if isinstance(log_or_uri, str) else log_or_uri
     store = RecordStore(log, backoff_s=0.01)

@@ -92,6 +92,7 @@ def test_partitioned_table(pipeline, spark):
         ({"sinkId": "../escape"}, "sinkId"),
         ({"storageOptions": "{not json"}, "storageOptions"),
         ({"rowGroupRows": "0"}, "rowGroupRows"),
+        ({"compression": "brotli9"}, "compression"),
         ({"faultInjection": "nowhere:exit"}, "faultInjection"),
     ],
 )
