@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import _fs
+from .._delta import open_table
 from ..errors import ConfigError, CorruptSnapshotError
 from ..state import SnapshotRecord, TxnHandle
 from .staging import STAGING_ROOT, parse_snapshot_dir, snapshot_dir
@@ -89,11 +90,7 @@ class DeltaTarget(Target):
     # --- reading --------------------------------------------------------------
 
     def open(self):
-        from deltalake import DeltaTable
-
-        if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
-            return None
-        return DeltaTable(self.uri, storage_options=self.storage_options)
+        return open_table(self.uri, self.storage_options)
 
     def committed_batch(self, sink_id: str) -> int | None:
         dt = self.open()

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._delta import open_table
 from .events import Event, arrow_schema, events_to_arrow
 from .store import AppendRejected, EventLog
 
@@ -58,11 +59,7 @@ class DeltaEventLog(EventLog):
         return f"DeltaEventLog({self.uri!r})"
 
     def _open(self):
-        from deltalake import DeltaTable
-
-        if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
-            return None
-        return DeltaTable(self.uri, storage_options=self.storage_options)
+        return open_table(self.uri, self.storage_options)
 
     def _cache(self) -> _TableCache:
         with _CACHES_LOCK:

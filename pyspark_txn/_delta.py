@@ -1,0 +1,71 @@
+"""Open Delta tables once per thread and catch up, instead of replaying the log each time.
+
+Opening a ``DeltaTable`` lists and replays the log since the last checkpoint
+(measured: 8 ms for the record table, 20 ms for a target with 60 commits);
+``update_incremental`` reads only the new commits (~2 ms). A protocol step
+opens tables 5-7 times per micro-batch, so this is most of the per-batch cost.
+
+Safety rules:
+- Objects are cached **per thread**: the record table checks an app
+  transaction on the same snapshot it commits on, which another thread's
+  ``update_incremental`` must never move underneath it.
+- A cached table is reused only if the commit file of the version it last saw
+  is still the same file (size and mtime). A table that was deleted and
+  created again has a different or missing file there, so it is reopened
+  from scratch: catching up across a re-creation would mix two tables.
+- Only local tables are cached; other URIs reopen every time (one HEAD per
+  check would cost about as much as the listing it saves).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from . import _fs
+
+_LOCAL = threading.local()
+
+
+def _commit_file_marker(uri: str, version: int) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(os.path.join(uri, "_delta_log", f"{version:020d}.json"))
+    except OSError:
+        return None
+    return (version, st.st_size, st.st_mtime_ns)
+
+
+def open_table(uri: str, storage_options: Mapping[str, str] | None = None) -> Any | None:
+    """The table at ``uri`` at its latest version, or None if there is none."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    options = dict(storage_options or {}) or None
+    if not _fs.is_local(uri):
+        try:
+            return DeltaTable(uri, storage_options=options)
+        except TableNotFoundError:
+            return None
+    cache: dict = getattr(_LOCAL, "tables", None) or {}
+    _LOCAL.tables = cache
+    key = (uri, tuple(sorted((options or {}).items())))
+    entry = cache.pop(key, None)
+    dt = None
+    if entry is not None:
+        cached, marker = entry
+        if marker is not None and _commit_file_marker(uri, marker[0]) == marker:
+            try:
+                cached.update_incremental()
+                dt = cached
+            except Exception:  # the log changed under us in a way it cannot follow: reopen
+                dt = None
+    if dt is None:
+        try:
+            dt = DeltaTable(uri, storage_options=options)
+        except TableNotFoundError:
+            return None
+    cache[key] = (dt, _commit_file_marker(uri, dt.version()))
+    return dt
+

@@ -1,0 +1,68 @@
+"""Cached Delta tables (pyspark_txn._delta) must never outlive a re-created table."""
+
+import shutil
+import threading
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from pyspark_txn._delta import open_table
+from pyspark_txn.state import DeltaEventLog, Event, EventKind
+
+
+def _events(log, n, who):
+    for seq in range(n):
+        log.append(
+            Event(
+                stream="s",
+                seq=seq,
+                kind=EventKind.ALLOCATED,
+                epoch=1,
+                snapshot_id=seq,
+                query_id=who,
+            )
+        )
+
+
+@pytest.mark.parametrize("new_count", [1, 3, 7], ids=["fewer", "same", "more"])
+def test_record_table_recreated_in_the_same_process(tmp_path, new_count):
+    uri = str(tmp_path / "records")
+    log = DeltaEventLog(uri)
+    _events(log, 3, "old")
+    assert [e.query_id for e in log.read("s")] == ["old"] * 3
+    shutil.rmtree(uri)
+    assert log.read("s") == []
+    fresh = DeltaEventLog(uri)  # a new log object, as a restarted query would make
+    _events(fresh, new_count, "new")
+    assert [e.query_id for e in log.read("s")] == ["new"] * new_count
+    # The old seq numbers are free again in the new table, and taken ones are refused.
+    assert [e.seq for e in log.read("s")] == list(range(new_count))
+
+
+def test_table_recreated_with_another_schema_is_seen(tmp_path):
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    write_deltalake(uri, pa.table({"a": [2]}), mode="append")
+    assert open_table(uri).version() == 1
+    shutil.rmtree(uri)
+    assert open_table(uri) is None
+    write_deltalake(uri, pa.table({"b": ["x"]}))
+    write_deltalake(uri, pa.table({"b": ["y"]}), mode="append")
+    dt = open_table(uri)
+    assert pa.schema(dt.schema().to_arrow()).names == ["b"]
+    assert sorted(pa.table(dt.to_pyarrow_table())["b"].to_pylist()) == ["x", "y"]
+
+
+def test_cached_table_catches_up_and_threads_do_not_share(tmp_path):
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    first = open_table(uri)
+    write_deltalake(uri, pa.table({"a": [2]}), mode="append")
+    again = open_table(uri)
+    assert again is first and again.version() == 1
+    other = []
+    t = threading.Thread(target=lambda: other.append(open_table(uri)))
+    t.start()
+    t.join()
+    assert other[0] is not first and other[0].version() == 1
