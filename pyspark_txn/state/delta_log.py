@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import _fs
 from .._delta import open_table
 from .events import Event, arrow_schema, events_to_arrow
 from .store import AppendRejected, EventLog
@@ -136,11 +137,15 @@ class DeltaEventLog(EventLog):
         with cache.lock:
             files = pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()
             new = [f for f in files if f not in cache.rows]
-            if new and cache.filesystem is None:
+            if new and cache.filesystem is None and not _fs.is_local(self.uri):
                 # delta-rs' object store for this root as a pyarrow filesystem: any URI it supports
                 cache.filesystem = dt.to_pyarrow_dataset().filesystem
             for f in new:
-                cache.rows[f] = pq.read_table(f, filesystem=cache.filesystem).to_pylist()
+                if cache.filesystem is None:  # local: pyarrow's own reader is 3x faster
+                    table = pq.ParquetFile(_fs.join(self.uri, f)).read()
+                else:
+                    table = pq.read_table(f, filesystem=cache.filesystem)
+                cache.rows[f] = table.to_pylist()
             live = set(files)
             for f in [f for f in cache.rows if f not in live]:
                 del cache.rows[f]  # compacted away: its rows live on in the new file
