@@ -12,16 +12,18 @@ Sinks, each fed ``--rows`` rows from txn-sequence in ``--batches`` micro-batches
               with delta-rs write_deltalake, skipping committed batch ids
   txn-delta   this package's two-phase transactional Delta sink (snappy, the default)
   txn-delta-raw  the same with compression=none: shows what encoding costs
-Rounds interleave the sinks so machine noise spreads evenly; medians are
-reported, with ratios against the others. Then a driver-limit demo: the same
+Rounds run the sinks in a random order after a GC of both heaps, so noise and
+leftovers spread evenly; medians are reported, with ratios against the others. Then a driver-limit demo: the same
 batch with spark.driver.maxResultSize far below the batch size.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -126,10 +128,16 @@ def throughput(args) -> dict:
     work = tempfile.mkdtemp(prefix="txn-bench-")
     run_once(spark, "txn-delta", 100_000, args.width, f"{work}/warmup")  # JIT, workers
     times: dict[str, list[float]] = {s: [] for s in SINKS}
+    rng = random.Random(args.seed)
     for r in range(args.rounds):
-        # Rotate the order: a sink must not always run after the same one
-        # (foreachBatch leaves the driver's heap full of collected batches).
-        for sink in SINKS[r % len(SINKS) :] + SINKS[: r % len(SINKS)]:
+        # A fresh random order each round, and a full GC of both heaps before
+        # every run: foreachBatch leaves the driver's heaps full of collected
+        # batches, and whoever runs next would pay for collecting them.
+        order = rng.sample(SINKS, len(SINKS))
+        for sink in order:
+            gc.collect()
+            spark._jvm.System.gc()
+            time.sleep(1)
             t = run_once(spark, sink, args.rows, args.width, f"{work}/{sink}", args.batches)
             times[sink].append(t)
             print(
@@ -186,6 +194,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=4_000_000)
     p.add_argument("--width", type=int, default=2, help="extra int64 columns")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1, help="seed of the per-round run order")
     p.add_argument(
         "--batches", type=int, default=1, help="split the rows into this many micro-batches"
     )
