@@ -68,4 +68,3 @@ def open_table(uri: str, storage_options: Mapping[str, str] | None = None) -> An
             return None
     cache[key] = (dt, _commit_file_marker(uri, dt.version()))
     return dt
-

@@ -11,12 +11,13 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 from ..errors import CommitConflict, IndeterminateCommitError
 from . import offset_log as offsets
 from .core import SinkState, fold_sink
+from .core import fold as fold_more
 from .events import Event
 from .offset_log import OffsetLogState, fold_offsets
 
@@ -48,6 +49,11 @@ class EventLog(ABC):
     @abstractmethod
     def streams(self) -> list[str]: ...
 
+    def memo_key(self) -> Hashable | None:
+        """Identifies the log across instances in this process, so folds can be
+        continued instead of redone (None: never memoize)."""
+        return None
+
 
 class MemoryEventLog(EventLog):
     """In-process backend for pure unit tests of the state core. Not durable."""
@@ -73,6 +79,23 @@ class MemoryEventLog(EventLog):
         with self._lock:
             return sorted(s for s, events in self._events.items() if events)
 
+    def memo_key(self) -> Hashable:
+        return ("memory", id(self))
+
+
+# Per process: the last fold of each (log, stream, fold function). Logs are
+# append-only and every event has a unique id, so when the event at the
+# memoized length still has the memoized id, the memoized state is the fold of
+# that prefix and only the newer events need applying (through the same
+# invariant checks). Without this, every read re-folds the whole history.
+_FOLDS: dict[tuple, tuple[int, str, Any]] = {}
+_FOLDS_LOCK = threading.Lock()
+
+
+def _continues(events: list[Event], length: int, last_event_id: str) -> bool:
+    """Whether ``events`` extends the history a memoized fold has seen."""
+    return 0 < length <= len(events) and events[length - 1].event_id == last_event_id
+
 
 class RecordStore:
     """Safe writes and folds over an :class:`EventLog`."""
@@ -93,11 +116,29 @@ class RecordStore:
     def events(self, stream: str) -> list[Event]:
         return self.log.read(stream)
 
+    def fold(self, stream: str, fold: Callable[[str, list[Event]], S]) -> S:
+        """``fold(stream, events)``, continuing this process's last fold when it can."""
+        events = self.events(stream)
+        key = self.log.memo_key()
+        if key is None:
+            return fold(stream, events)
+        memo_key = (key, stream, fold)
+        with _FOLDS_LOCK:
+            memo = _FOLDS.get(memo_key)
+        if memo is not None and _continues(events, memo[0], memo[1]):
+            state = fold_more(memo[2], events[memo[0] :])
+        else:
+            state = fold(stream, events)
+        if events:
+            with _FOLDS_LOCK:
+                _FOLDS[memo_key] = (len(events), events[-1].event_id, state)
+        return state
+
     def load_sink(self, sink_id: str) -> SinkState:
-        return fold_sink(sink_id, self.events(sink_id))
+        return self.fold(sink_id, fold_sink)
 
     def load_offsets(self, source_id: str) -> OffsetLogState:
-        return fold_offsets(source_id, self.events(source_id))
+        return self.fold(source_id, fold_offsets)
 
     def claim(self, source_id: str, message_ids: list[str]) -> tuple[int, list[str]]:
         """Durably bind the not-yet-claimed ids to the next offset: (offset, ids)."""
@@ -171,7 +212,7 @@ class RecordStore:
         """
         for _ in range(self.conflict_retries):
             if state is None:
-                state = fold(stream, self.events(stream))
+                state = self.fold(stream, fold)
             event = transition(state)
             try:
                 self.safe_append(event)

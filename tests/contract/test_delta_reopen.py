@@ -66,3 +66,34 @@ def test_cached_table_catches_up_and_threads_do_not_share(tmp_path):
     t.start()
     t.join()
     assert other[0] is not first and other[0].version() == 1
+
+
+def test_record_table_keeps_few_files(tmp_path):
+    """Compaction + vacuum: one commit per event must not mean one file per event forever."""
+    uri = tmp_path / "records"
+    log = DeltaEventLog(str(uri), compact_every=4, vacuum_retention_hours=0)
+    _events(log, 40, "q")
+    assert [e.seq for e in log.read("s")] == list(range(40))
+    files = list(uri.glob("*.parquet"))
+    assert len(files) <= 8, sorted(f.name for f in files)
+
+
+@pytest.mark.parametrize("new_count", [2, 4, 6], ids=["fewer", "same", "more"])
+def test_memoized_fold_restarts_on_a_recreated_table(tmp_path, new_count):
+    """The per-process fold memo continues only the same history, never another table's."""
+    from pyspark_txn.state import RecordStore, allocate, begin_epoch, fold_sink
+
+    uri = str(tmp_path / "records")
+    store = RecordStore(DeltaEventLog(uri))
+    store.update("s", fold_sink, lambda s: begin_epoch(s, "old-run", "q-old"))
+    for _ in range(3):
+        store.update("s", fold_sink, lambda s: allocate(s, 1))
+    assert store.load_sink("s").query_id == "q-old"
+    shutil.rmtree(uri)
+    fresh = RecordStore(DeltaEventLog(uri))
+    fresh.update("s", fold_sink, lambda s: begin_epoch(s, "new-run", "q-new"))
+    for _ in range(new_count - 1):
+        fresh.update("s", fold_sink, lambda s: allocate(s, 1))
+    state = store.load_sink("s")
+    assert (state.query_id, state.next_seq) == ("q-new", new_count)
+    assert state == fold_sink("s", DeltaEventLog(uri).read("s"))
