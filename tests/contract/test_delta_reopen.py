@@ -81,7 +81,7 @@ def test_record_table_keeps_few_files(tmp_path):
 @pytest.mark.parametrize("new_count", [2, 4, 6], ids=["fewer", "same", "more"])
 def test_memoized_fold_restarts_on_a_recreated_table(tmp_path, new_count):
     """The per-process fold memo continues only the same history, never another table's."""
-    from pyspark_txn.state import RecordStore, allocate, begin_epoch, fold_sink
+    from pyspark_txn.state import MemoryEventLog, RecordStore, allocate, begin_epoch, fold_sink
 
     uri = str(tmp_path / "records")
     store = RecordStore(DeltaEventLog(uri))
@@ -90,10 +90,14 @@ def test_memoized_fold_restarts_on_a_recreated_table(tmp_path, new_count):
         store.update("s", fold_sink, lambda s: allocate(s, 1))
     assert store.load_sink("s").query_id == "q-old"
     shutil.rmtree(uri)
-    fresh = RecordStore(DeltaEventLog(uri))
-    fresh.update("s", fold_sink, lambda s: begin_epoch(s, "new-run", "q-new"))
+    # Another process re-creates the table: its events reach this process only by reading.
+    other = RecordStore(MemoryEventLog())
+    other.update("s", fold_sink, lambda s: begin_epoch(s, "new-run", "q-new"))
     for _ in range(new_count - 1):
-        fresh.update("s", fold_sink, lambda s: allocate(s, 1))
+        other.update("s", fold_sink, lambda s: allocate(s, 1))
+    fresh = DeltaEventLog(uri)
+    for event in other.events("s"):
+        fresh.append(event)
     state = store.load_sink("s")
     assert (state.query_id, state.next_seq) == ("q-new", new_count)
-    assert state == fold_sink("s", DeltaEventLog(uri).read("s"))
+    assert state == fold_sink("s", fresh.read("s"))
