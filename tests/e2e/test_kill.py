@@ -23,14 +23,26 @@ DRIVER = str(Path(__file__).with_name("driver.py"))
 KILL_RUNS = int(os.environ.get("PYSPARK_TXN_KILL_RUNS", "3"))
 
 
+_LOGS = iter(range(10**9))
+
+
 def start_driver(base, total, per_batch, *extra):
-    return subprocess.Popen(
-        [sys.executable, DRIVER, str(base), str(total), str(per_batch), *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        text=True,
-    )
+    """Output goes to a file: an unread pipe fills up and blocks a long-running driver."""
+    log_path = Path(base) / f"driver-{next(_LOGS)}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, DRIVER, str(base), str(total), str(per_batch), *extra],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            text=True,
+        )
+    proc.log_path = log_path
+    return proc
+
+
+def output(proc) -> str:
+    return proc.log_path.read_text(errors="replace")
 
 
 def kill_group(proc):
@@ -61,8 +73,8 @@ def test_kill_9_at_random_moments_is_exactly_once(tmp_path):
         else:
             proc.wait()
     final = start_driver(tmp_path, total, per_batch)
-    out, _ = final.communicate(timeout=600)
-    assert final.returncode == 0, out[-3000:]
+    final.wait(timeout=600)
+    assert final.returncode == 0, output(final)[-3000:]
     runner = PipelineRunner(None, tmp_path, total=total, per_batch=per_batch)
     runner.assert_exactly_once()
     runner.assert_no_orphans()
@@ -84,10 +96,11 @@ def test_second_driver_fences_the_first(tmp_path):
         time.sleep(0.5)
     second = start_driver(tmp_path, 10**9, 200, "--continuous", "400")
     try:
-        out, _ = first.communicate(timeout=180)
+        first.wait(timeout=180)
     finally:
         kill_group(second)
         kill_group(first)
+    out = output(first)
     assert first.returncode != 0
     assert "FencedError" in out or "concurrently" in out, out[-3000:]
     # whatever happened, the target holds each committed row once
