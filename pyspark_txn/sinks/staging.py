@@ -7,9 +7,9 @@ and (no leading underscore) cleaned by VACUUM if ever left behind.
 
 Throughput: the task's thread keeps receiving rows from the JVM while one
 encoder thread per partition writes the previous row group (pyarrow encodes
-without the GIL), so encoding hides behind the transfer instead of adding to
-it. Memory is bounded by two row groups per open file (one filling, one being
-encoded); files roll over at ``target_file_rows``. Dictionary encoding is
+without the GIL), so encoding overlaps the transfer instead of following it.
+Memory: one filling row group per open file plus one row group being encoded;
+files roll over at ``target_file_rows``. Dictionary encoding is
 used only for string and binary columns: for numbers it costs half the
 encoding time and rarely pays off.
 """
