@@ -48,8 +48,7 @@ def open_table(uri: str, storage_options: Mapping[str, str] | None = None) -> An
             return DeltaTable(uri, storage_options=options)
         except TableNotFoundError:
             return None
-    cache: dict = getattr(_LOCAL, "tables", None) or {}
-    _LOCAL.tables = cache
+    cache: dict = _LOCAL.__dict__.setdefault("tables", {})
     key = (uri, tuple(sorted((options or {}).items())))
     entry = cache.pop(key, None)
     dt = None

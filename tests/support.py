@@ -6,7 +6,12 @@ an in-memory phase-2 target used only by pure unit tests of the protocol core.
 
 from pyspark_txn.errors import CorruptSnapshotError
 from pyspark_txn.sinks.twophase import Target
-from pyspark_txn.state import EventLog
+from pyspark_txn.state import Event, EventKind, EventLog
+
+
+def allocated_event(seq, stream="s", **kw):
+    """An ``allocated`` event whose snapshot id equals its seq: filler for log tests."""
+    return Event(stream=stream, seq=seq, kind=EventKind.ALLOCATED, epoch=1, snapshot_id=seq, **kw)
 
 
 class FaultyLog(EventLog):

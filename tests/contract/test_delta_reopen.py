@@ -6,23 +6,15 @@ import threading
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
+from support import allocated_event
 
 from pyspark_txn._delta import open_table
-from pyspark_txn.state import DeltaEventLog, Event, EventKind
+from pyspark_txn.state import DeltaEventLog
 
 
 def _events(log, n, who):
     for seq in range(n):
-        log.append(
-            Event(
-                stream="s",
-                seq=seq,
-                kind=EventKind.ALLOCATED,
-                epoch=1,
-                snapshot_id=seq,
-                query_id=who,
-            )
-        )
+        log.append(allocated_event(seq, query_id=who))
 
 
 @pytest.mark.parametrize("new_count", [1, 3, 7], ids=["fewer", "same", "more"])

@@ -4,23 +4,18 @@ import multiprocessing as mp
 import threading
 
 import pytest
+from support import allocated_event as ev
 
 from pyspark_txn.errors import CommitConflict, FencedError, IndeterminateCommitError
 from pyspark_txn.state import (
     AppendRejected,
     DeltaEventLog,
-    Event,
-    EventKind,
     MemoryEventLog,
     RecordStore,
     allocate,
     begin_epoch,
     fold_sink,
 )
-
-
-def ev(seq, stream="s", **kw):
-    return Event(stream=stream, seq=seq, kind=EventKind.ALLOCATED, epoch=1, snapshot_id=seq, **kw)
 
 
 def test_read_of_unknown_stream_is_empty(backend):

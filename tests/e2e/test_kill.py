@@ -5,6 +5,7 @@ offline, set it to 1000. Every run: start the driver, kill its whole process
 group after a random delay, repeat, then run to the end and check every row.
 """
 
+import itertools
 import os
 import random
 import signal
@@ -23,7 +24,7 @@ DRIVER = str(Path(__file__).with_name("driver.py"))
 KILL_RUNS = int(os.environ.get("PYSPARK_TXN_KILL_RUNS", "3"))
 
 
-_LOGS = iter(range(10**9))
+_LOGS = itertools.count()
 
 
 def start_driver(base, total, per_batch, *extra):
