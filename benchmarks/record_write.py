@@ -22,10 +22,10 @@ from pyspark_txn.state import (
     SnapshotRecord,
     TxnHandle,
     allocate,
-    begin_epoch,
     fold_sink,
     mark_committed,
     record_snapshot,
+    take_over,
 )
 
 
@@ -37,7 +37,7 @@ def main() -> None:
     log = DeltaEventLog(path)
     log.create_if_missing()
     store = RecordStore(log)
-    store.update("sink", fold_sink, lambda s: begin_epoch(s, "bench", "q"))
+    store.update("sink", fold_sink, lambda s: take_over(s, "bench", None, "q"))
     timings: list[float] = []
     batch = 0
 
@@ -47,7 +47,7 @@ def main() -> None:
         timings.append((time.perf_counter() - t0) * 1000)
 
     while len(timings) < args.writes:
-        timed(lambda s: allocate(s, 1))
+        timed(allocate)
         txns = tuple(TxnHandle(p, f"f{batch}-{p}", 1000, 10_000, "crc32:0") for p in range(2))
         timed(
             lambda s, b=batch, t=txns: record_snapshot(

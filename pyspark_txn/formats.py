@@ -26,7 +26,8 @@ class TxnDeltaDataSource(DataSource):
             raise ConfigError(
                 "txn-delta sink: outputMode 'complete' is not supported; use 'append'"
             )
-        return TxnDeltaStreamWriter(DeltaSinkOptions.parse(self.options), schema)
+        opts = DeltaSinkOptions.parse(self.options).with_checkpoint_sink_id()
+        return TxnDeltaStreamWriter(opts, schema)
 
     def streamReader(self, schema):
         from .sources.delta import DeltaSourceOptions, DeltaStreamReader

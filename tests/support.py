@@ -4,7 +4,7 @@
 an in-memory phase-2 target used only by pure unit tests of the protocol core.
 """
 
-from pyspark_txn.errors import CorruptSnapshotError
+from pyspark_txn.errors import CheckpointMismatchError, CorruptSnapshotError
 from pyspark_txn.sinks.twophase import Target
 from pyspark_txn.state import Event, EventKind, EventLog
 
@@ -51,46 +51,55 @@ class FaultyLog(EventLog):
 
 
 class MemoryTarget(Target):
-    """A target whose staged and committed txns are dicts; it records every rollback."""
+    """A target whose staged and committed txns are dicts; it records every rollback.
+
+    Staged attempts are keyed ``(snapshot id, token)`` like the real targets;
+    every committed batch keeps the record id that committed it, so a record
+    can tell its own commit from another sink's.
+    """
 
     def __init__(self):
-        self.staged: dict[int, dict[str, list[int]]] = {}  # snapshot -> handle -> rows
+        self.staged: dict[tuple[int, str], dict[str, list[int]]] = {}
         self.batches: dict[int, list[int]] = {}  # committed batch -> rows
+        self.commits: dict[int, str] = {}  # committed batch -> record id
         self.version: int | None = None
         self.rolled_back: set[str] = set()
         self.committed_handles: set[str] = set()
 
-    def stage(self, snapshot_id, handle, rows):
-        self.staged.setdefault(snapshot_id, {})[handle] = list(rows)
+    def stage(self, snapshot_id, token, handle, rows):
+        self.staged.setdefault((snapshot_id, token), {})[handle] = list(rows)
 
     def committed_batch(self, sink_id):
         return self.version
 
     def commit(self, record):
         if self.version is not None and self.version >= record.batch_id:
+            if self.commits.get(record.batch_id) != record.record_id:
+                raise CheckpointMismatchError(f"batch {record.batch_id} committed by another")
             return self.version
-        self.verify_staged(record.snapshot_id, record.txns)
-        staged = self.staged[record.snapshot_id] if record.txns else {}
+        self.verify_staged(record.snapshot_id, record.token, record.txns)
+        staged = self.staged[(record.snapshot_id, record.token)] if record.txns else {}
         self.batches[record.batch_id] = [r for t in record.txns for r in staged[t.handle]]
+        self.commits[record.batch_id] = record.record_id
         self.committed_handles |= {t.handle for t in record.txns}
         self.version = record.batch_id
         return self.version
 
-    def verify_staged(self, snapshot_id, txns):
-        present = self.staged.get(snapshot_id, {})
+    def verify_staged(self, snapshot_id, token, txns):
+        present = self.staged.get((snapshot_id, token), {})
         missing = [t.handle for t in txns if t.handle not in present]
         if missing:
             raise CorruptSnapshotError(f"missing {missing}")
 
-    def discard(self, snapshot_id, keep=()):
-        files = self.staged.get(snapshot_id, {})
+    def discard(self, snapshot_id, token, keep=()):
+        files = self.staged.get((snapshot_id, token), {})
         for handle in [h for h in files if h not in set(keep)]:
             self.rolled_back.add(handle)
             del files[handle]
         if not files:
-            self.staged.pop(snapshot_id, None)
+            self.staged.pop((snapshot_id, token), None)
 
-    def staged_snapshot_ids(self):
+    def staged_attempts(self):
         return set(self.staged)
 
     @property

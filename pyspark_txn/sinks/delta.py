@@ -14,19 +14,18 @@ import hashlib
 import json
 import logging
 import threading
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
 from .. import _fs
-from ..checkpoint import read_batch_offsets, read_query_id
-from ..errors import ConfigError
+from ..checkpoint import persisted_sink_id, read_batch_offsets, read_query_id
+from ..errors import ConfigError, ProtocolViolation
 from ..faults import FaultPlan
 from ..state import DeltaEventLog, RecordStore, TxnHandle
-from .delta_target import DeltaTarget, schema_to_b64
+from .delta_target import DeltaTarget, check_writable_schema, schema_to_b64
 from .staging import PARQUET_CODECS, StagingConfig, stage_partition
 from .twophase import TwoPhaseCommitter
 
@@ -106,6 +105,7 @@ class DeltaSinkOptions:
     checkpoint_location: str
     record_table: str
     sink_id: str
+    explicit_sink_id: bool = False
     query_name: str | None = None
     partition_by: tuple[str, ...] = ()
     storage_options: tuple[tuple[str, str], ...] = ()
@@ -131,19 +131,25 @@ class DeltaSinkOptions:
         if not opts.get("checkpointlocation"):
             raise ConfigError(
                 "txn-delta sink: option checkpointLocation is required: exactly-once needs "
-                "Spark's checkpoint"
+                "Spark's checkpoint. Set it on the writer: .writeStream.option("
+                "'checkpointLocation', '/chk/my_query'); Python sinks do not see a location "
+                "that Spark derives from spark.sql.streaming.checkpointLocation"
             )
         path = _fs.normalize_uri(opts["path"])
         checkpoint = _fs.normalize_uri(opts["checkpointlocation"])
         prefix = _check_sink_id(opts.get("sinkidprefix", "txn"), "sinkIdPrefix")
-        if "sinkid" in opts:
-            sink_id = _check_sink_id(opts["sinkid"], "sinkId")
-        else:
-            digest = hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
-            sink_id = f"{prefix}-{digest}"
+        explicit = _check_sink_id(opts["sinkid"], "sinkId") if "sinkid" in opts else None
+        digest = hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
+        sink_id = explicit or f"{prefix}-{digest}"
         record_table = _fs.normalize_uri(
             opts.get("recordtable") or _fs.join(checkpoint, "pyspark_txn", "records")
         )
+        for inner, outer in ((record_table, path), (path, record_table)):
+            if inner == outer or inner.startswith(outer.rstrip("/") + "/"):
+                raise ConfigError(
+                    f"option recordTable={record_table!r} and path={path!r} overlap: the record "
+                    "table must live outside the target table (default: inside the checkpoint)"
+                )
         storage: dict[str, Any] = {}
         if opts.get("storageoptions"):
             try:
@@ -165,6 +171,7 @@ class DeltaSinkOptions:
             checkpoint_location=checkpoint,
             record_table=record_table,
             sink_id=sink_id,
+            explicit_sink_id=explicit is not None,
             query_name=opts.get("queryname"),
             partition_by=partition_by,
             storage_options=tuple(sorted(storage.items())),
@@ -177,6 +184,17 @@ class DeltaSinkOptions:
             ),
             faults=FaultPlan.parse(opts.get("faultinjection")),
         )
+
+    def with_checkpoint_sink_id(self) -> DeltaSinkOptions:
+        """The sink id kept in the checkpoint (written there on first use): it moves with
+        the checkpoint, whatever the location is called now."""
+        sink_id = persisted_sink_id(
+            self.checkpoint_location,
+            self.sink_id,
+            self.sink_id if self.explicit_sink_id else None,
+            dict(self.fs_options),
+        )
+        return replace(self, sink_id=sink_id)
 
     def check_schema(self, arrow_schema) -> None:
         names = arrow_schema.names
@@ -238,43 +256,56 @@ class DeltaSinkOptions:
 class TxnCommitMessage(WriterCommitMessage):
     sink_id: str
     snapshot_id: int
-    epoch: int
+    token: str
+    run_id: str | None
     partition: int
     txns: list[dict[str, Any]]
 
 
-# Spark calls streamWriter() and pickles the writer in one long-lived Python
-# worker per driver JVM (not the user's process: measured on 4.2). A run is
-# that worker's lifetime; its epochs: (record table, sink id, query id) -> epoch.
-_RUNS: dict[tuple[str, str, str | None], int] = {}
-_RUNS_LOCK = threading.Lock()
-_RUN_OWNER = uuid.uuid4().hex
+def spark_run_id() -> str | None:
+    """Spark's ``runId`` of the query run this task belongs to, from the task's local
+    properties (StreamExecution sets the job group to it; measured on 4.0-4.3). It is
+    the same for every task of one run and new at every (re)start of the query."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return None
+    description = ctx.getLocalProperty("spark.job.description") or ""
+    for line in description.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "runId" and value.strip():
+            return value.strip()
+    return ctx.getLocalProperty("spark.jobGroup.id") or None
 
 
-def prepare_attempt(opts: DeltaSinkOptions, arrow_schema) -> tuple[int, int]:
-    """Driver side, before phase 1: take over the sink if this is a new run, then
-    allocate this batch's snapshot id. Returns (epoch, snapshot id)."""
-    query_id = read_query_id(opts.checkpoint_location, dict(opts.fs_options))
-    key = (opts.record_table, opts.sink_id, query_id)
+_CREATED: set[str] = set()
+_CREATED_LOCK = threading.Lock()
+
+
+def prepare_attempt(opts: DeltaSinkOptions, arrow_schema) -> tuple[int, str]:
+    """Planner side, before phase 1: check that phase 2 will accept this stream, then
+    allocate the batch's snapshot id. Returns (snapshot id, token).
+
+    Nothing here knows which query run it plans for (Spark plans on a pool of
+    Python workers): fencing happens at commit, by Spark's run id.
+    """
     committer = opts.committer()
-    with _RUNS_LOCK:
-        epoch = _RUNS.get(key)
-        if epoch is None:
-            committer.target.check_stream_schema(arrow_schema, opts.merge_schema)
+    check_writable_schema(arrow_schema)
+    committer.target.check_stream_schema(arrow_schema, opts.merge_schema)
+    with _CREATED_LOCK:
+        if opts.record_table not in _CREATED:
             committer.store.log.create_if_missing()
-            epoch = committer.begin_run(_RUN_OWNER, query_id, opts.query_name)
-            _RUNS[key] = epoch
-    return epoch, committer.allocate(epoch)
+            _CREATED.add(opts.record_table)
+    return committer.allocate()
 
 
 class TxnDeltaStreamWriter(_WriterBase):
     def __init__(self, opts: DeltaSinkOptions, spark_schema) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         self.opts = opts
-        self.arrow_schema = to_arrow_schema(spark_schema)
+        self.arrow_schema = spark_to_arrow_schema(spark_schema)
         opts.check_schema(self.arrow_schema)
-        self._attempt: tuple[int, int] | None = None
+        self._attempt: tuple[int, str] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickling happens in the driver, once per batch, before any task runs:
@@ -286,13 +317,14 @@ class TxnDeltaStreamWriter(_WriterBase):
     def write(self, iterator) -> TxnCommitMessage:
         from pyspark import TaskContext
 
-        epoch, snapshot_id = self._attempt
+        snapshot_id, token = self._attempt
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
         handles = stage_partition(
             _as_arrow(iterator, self.arrow_schema),
             self.opts.staging(),
             snapshot_id,
+            token,
             partition,
             self.arrow_schema,
         )
@@ -300,7 +332,8 @@ class TxnDeltaStreamWriter(_WriterBase):
         return TxnCommitMessage(
             sink_id=self.opts.sink_id,
             snapshot_id=snapshot_id,
-            epoch=epoch,
+            token=token,
+            run_id=spark_run_id(),
             partition=partition,
             txns=[h.to_json() for h in handles],
         )
@@ -309,37 +342,47 @@ class TxnDeltaStreamWriter(_WriterBase):
         msgs = [m for m in messages if m is not None]
         committer = self.opts.committer()
         if not msgs:  # no task ran: nothing was staged, so allocating here is safe
-            state = committer.load()
-            epoch = state.epoch
-            snapshot_id = committer.allocate(epoch)
+            snapshot_id, token = committer.allocate()
+            run_id = None
         else:
-            attempts = {(m.snapshot_id, m.epoch) for m in msgs}
-            if len(attempts) != 1:
-                raise ConfigError(f"batch {batchId}: tasks of several attempts {attempts}")
-            snapshot_id, epoch = attempts.pop()
-        txns = [TxnHandle.from_json(t) for m in msgs for t in m.txns]
+            attempts = {(m.snapshot_id, m.token) for m in msgs}
+            runs = {m.run_id for m in msgs}
+            if len(attempts) != 1 or len(runs) != 1:
+                raise ProtocolViolation(
+                    f"batch {batchId}: commit messages of several attempts {attempts} / runs {runs}"
+                )
+            (snapshot_id, token), run_id = attempts.pop(), runs.pop()
+        fs_options = dict(self.opts.fs_options)
+        offsets = read_batch_offsets(self.opts.checkpoint_location, batchId, fs_options)
         committer.commit(
             batchId,
             snapshot_id,
-            epoch,
-            txns,
-            source_offsets=read_batch_offsets(
-                self.opts.checkpoint_location, batchId, dict(self.opts.fs_options)
-            )
-            or (),
-            query_id=read_query_id(self.opts.checkpoint_location, dict(self.opts.fs_options)),
+            token,
+            [TxnHandle.from_json(t) for m in msgs for t in m.txns],
+            run_id=run_id,
+            source_offsets=offsets,
+            query_id=read_query_id(self.opts.checkpoint_location, fs_options),
+            query_name=self.opts.query_name,
             target_meta={
                 "uri": self.opts.path,
                 "arrow_schema": schema_to_b64(self.arrow_schema),
                 "partition_by": list(self.opts.partition_by),
                 "merge_schema": self.opts.merge_schema,
+                "base_version": committer.target.base_version(),
             },
         )
 
     def abort(self, messages, batchId: int) -> None:
         committer = self.opts.committer()
-        for snapshot_id in sorted({m.snapshot_id for m in messages if m is not None}):
-            committer.abort(snapshot_id)
+        for snapshot_id, token in sorted({(m.snapshot_id, m.token) for m in messages if m}):
+            committer.abort(snapshot_id, token)
+
+
+def spark_to_arrow_schema(spark_schema):
+    """The Arrow schema of the stream. Timestamps are UTC instants, as on Spark's Arrow path."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(spark_schema, timezone="UTC")
 
 
 def _as_arrow(iterator, arrow_schema, chunk_rows: int = 65536):

@@ -10,13 +10,14 @@ it is given, so files and schema are checked here before anything commits.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import _fs
 from .._delta import open_table
-from ..errors import ConfigError, CorruptSnapshotError
+from ..errors import CheckpointMismatchError, ConfigError, CorruptSnapshotError
 from ..state import SnapshotRecord, TxnHandle
 from .staging import STAGING_ROOT, parse_snapshot_dir, snapshot_dir
 from .twophase import Target
@@ -125,9 +126,9 @@ class DeltaTarget(Target):
     def _abs(self, rel: str) -> str:
         return _fs.join(self.root, rel)
 
-    def _staged_files(self, snapshot_id: int) -> dict[str, int]:
-        """Relative path -> size of every file staged for ``snapshot_id``."""
-        base = self._abs(snapshot_dir(self.sink_id, snapshot_id))
+    def _staged_files(self, snapshot_id: int, token: str) -> dict[str, int]:
+        """Relative path -> size of every file staged for one attempt."""
+        base = self._abs(snapshot_dir(self.sink_id, snapshot_id, token))
         if not self.fs.exists(base):
             return {}
         found = self.fs.find(base, detail=True)
@@ -138,28 +139,44 @@ class DeltaTarget(Target):
             out[rel] = info["size"]
         return out
 
-    def verify_staged(self, snapshot_id: int, txns: Sequence[TxnHandle]) -> None:
-        present = self._staged_files(snapshot_id)
+    def verify_staged(self, snapshot_id: int, token: str, txns: Sequence[TxnHandle]) -> None:
+        """Every file is there with its size, and its parquet footer has the promised rows."""
+        import pyarrow.parquet as pq
+
+        present = self._staged_files(snapshot_id, token)
         bad = [
             f"{t.handle} (expected {t.bytes} bytes, found "
             f"{'nothing' if t.handle not in present else present[t.handle]})"
             for t in txns
             if present.get(t.handle) != t.bytes
         ]
+        for t in txns:
+            if present.get(t.handle) != t.bytes:
+                continue
+            try:
+                with self.fs.open(self._abs(t.handle), "rb") as f:
+                    rows = pq.ParquetFile(f).metadata.num_rows
+            except Exception as e:
+                bad.append(f"{t.handle} (unreadable parquet footer: {e})")
+                continue
+            if rows != t.rows:
+                bad.append(f"{t.handle} (expected {t.rows} rows, its footer says {rows})")
         if bad:
             raise CorruptSnapshotError(
                 f"sink {self.sink_id!r}, snapshot {snapshot_id}: staged files are missing or "
                 f"changed in {self.uri}: {', '.join(bad)}"
             )
 
-    def discard(self, snapshot_id: int, keep: Iterable[str] = ()) -> None:
+    def discard(self, snapshot_id: int, token: str, keep: Iterable[str] = ()) -> None:
         keep = set(keep)
-        base = self._abs(snapshot_dir(self.sink_id, snapshot_id))
+        base = self._abs(snapshot_dir(self.sink_id, snapshot_id, token))
         if not keep:
             if self.fs.exists(base):
                 self.fs.rm(base, recursive=True)
             return
-        stray = [self._abs(rel) for rel in self._staged_files(snapshot_id) if rel not in keep]
+        stray = [
+            self._abs(rel) for rel in self._staged_files(snapshot_id, token) if rel not in keep
+        ]
         if stray:
             log.info(
                 "sink %s: removing %d stray staged files of snapshot %d",
@@ -169,16 +186,65 @@ class DeltaTarget(Target):
             )
             self.fs.rm(stray)
 
-    def staged_snapshot_ids(self) -> set[int]:
+    def staged_attempts(self) -> set[tuple[int, str]]:
         base = self._abs(f"{STAGING_ROOT}/{self.sink_id}")
         if not self.fs.exists(base):
             return set()
-        ids = set()
+        attempts = set()
         for entry in self.fs.ls(base, detail=False):
-            sid = parse_snapshot_dir(entry)
-            if sid is not None:
-                ids.add(sid)
-        return ids
+            parsed = parse_snapshot_dir(entry)
+            if parsed is not None:
+                attempts.add(parsed)
+        return attempts
+
+    # --- before the record ------------------------------------------------------------
+
+    def base_version(self) -> int | None:
+        """The target's version now: phase 2's commit will be above it."""
+        dt = self.open()
+        return None if dt is None else dt.version()
+
+    def preflight(self, record: SnapshotRecord) -> None:
+        """What phase 2 would refuse, found before the record is written."""
+        stream_schema = schema_from_b64(record.target["arrow_schema"])
+        check_writable_schema(stream_schema)
+        dt = self.open()
+        if dt is None:
+            return
+        self.check_stream_schema(stream_schema, bool(record.target.get("merge_schema")))
+        check_table_features(dt, self.uri)
+        not_null = [f.name for f in table_arrow_schema(dt) if not f.nullable]
+        if not_null:
+            nulls: dict[str, int] = {}
+            for t in record.txns:
+                counts = json.loads(t.meta.get("stats") or "{}").get("nullCount", {})
+                for c in not_null:
+                    n = counts.get(c)
+                    if isinstance(n, int) and n > 0:
+                        nulls[c] = nulls.get(c, 0) + n
+            if nulls:
+                raise ConfigError(
+                    f"the Delta table at {self.uri} declares {sorted(nulls)} NOT NULL, but "
+                    f"batch {record.batch_id} has nulls there ({nulls}); nothing was committed"
+                )
+
+    def check_new_sink(self, sink_id: str, query_id: str | None, depth: int = 1000) -> None:
+        """A sink with no history must not continue a query another sink wrote for."""
+        if query_id is None:
+            return
+        dt = self.open()
+        if dt is None:
+            return
+        for entry in dt.history(depth):
+            other = entry.get(META_PREFIX + "sink_id")
+            if entry.get(META_PREFIX + "query_id") == query_id and other and other != sink_id:
+                raise CheckpointMismatchError(
+                    f"the Delta table at {self.uri} holds commits of streaming query {query_id} "
+                    f"made by sink {other!r} (version {entry.get('version')}), but this "
+                    f"checkpoint now writes as sink {sink_id!r} with no history: its "
+                    "pyspark_txn folder or record table was lost or replaced. Continuing would "
+                    "duplicate data. Restore them, or start a new query with a new checkpoint."
+                )
 
     # --- phase 2 ------------------------------------------------------------------
 
@@ -195,8 +261,8 @@ class DeltaTarget(Target):
         if dt is not None:
             done = dt.transaction_version(self.sink_id)
             if done is not None and done >= record.batch_id:
-                return self._version_of(dt, record)
-        self.verify_staged(record.snapshot_id, record.txns)
+                return self._own_commit(dt, record, done)
+        self.verify_staged(record.snapshot_id, record.token, record.txns)
         adds = [
             AddAction(
                 path=t.handle,
@@ -215,6 +281,7 @@ class DeltaTarget(Target):
                 META_PREFIX + "snapshot_id": record.snapshot_id,
                 META_PREFIX + "batch_id": record.batch_id,
                 META_PREFIX + "query_id": record.query_id or "",
+                META_PREFIX + "record_id": record.record_id,
             },
         )
         stream_schema = schema_from_b64(record.target["arrow_schema"])
@@ -241,15 +308,115 @@ class DeltaTarget(Target):
             partition_by=self.partition_by or None,
             commit_properties=props,
         )
-        return self._version_of(dt, record)
-
-    def _version_of(self, dt, record: SnapshotRecord, depth: int = 50) -> int | None:
-        """The table version that committed ``record`` (found by its commit metadata)."""
         dt.update_incremental()
-        for entry in dt.history(depth):
-            if (
-                entry.get(META_PREFIX + "sink_id") == self.sink_id
+        return self._own_commit(dt, record, record.batch_id)
+
+    def _own_commit(self, dt, record: SnapshotRecord, done: int) -> int:
+        """The version whose commit carries ``record``'s stamp, searched above the version
+        the record was made at. The app transaction alone cannot tell: another query
+        writing as the same sink id moves it too."""
+        base = record.target.get("base_version")
+        since = -1 if base is None else int(base)
+        for entry in dt.history(max(1, dt.version() - since)):
+            if entry.get("version", -1) <= since:
+                break
+            stamp = entry.get(META_PREFIX + "record_id")
+            if stamp == record.record_id or (
+                stamp is None  # committed by a version that did not stamp record ids
+                and entry.get(META_PREFIX + "sink_id") == self.sink_id
                 and entry.get(META_PREFIX + "batch_id") == record.batch_id
             ):
                 return entry["version"]
-        return None
+        raise CheckpointMismatchError(
+            f"sink {self.sink_id!r}: the Delta table at {self.uri} says batch {done} >= "
+            f"{record.batch_id} of this sink is committed, but no commit since version "
+            f"{since} carries snapshot {record.snapshot_id} (record {record.record_id}): "
+            "another query writes to this table as the same sink id. Give every query its "
+            "own sinkId; then abandon this snapshot (`pyspark-txn abandon`) or restore."
+        )
+
+
+def check_writable_schema(schema) -> None:
+    """Refuse what Delta cannot store, by column name, before anything is staged."""
+    from deltalake import Schema
+
+    seen: dict[str, str] = {}
+    for name in schema.names:
+        other = seen.setdefault(name.lower(), name)
+        if other != name:
+            raise ConfigError(
+                f"columns {other!r} and {name!r} differ only by case; Delta column names are "
+                "case-insensitive: rename one"
+            )
+    for f in schema:
+        try:
+            Schema.from_arrow(_one_field_schema(f))
+        except Exception as e:
+            raise ConfigError(
+                f"column {f.name!r} has type {f.type}, which a Delta table cannot store "
+                f"({e}); cast it (e.g. intervals to a string or a number) before the sink"
+            ) from None
+        if _has_null_type(f.type):
+            raise ConfigError(
+                f"column {f.name!r} has type NULL (void: e.g. a bare lit(None)); give it a "
+                "type with .cast(...) before the sink"
+            )
+
+
+def _one_field_schema(f):
+    import pyarrow as pa
+
+    return pa.schema([f])
+
+
+def _has_null_type(t) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_null(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_has_null_type(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _has_null_type(t.value_type)
+    if pa.types.is_map(t):
+        return _has_null_type(t.key_type) or _has_null_type(t.item_type)
+    return False
+
+
+# Writer features delta-rs's append honours; anything else may need rules we do not follow.
+_KNOWN_WRITER_FEATURES = {
+    "appendOnly",
+    "invariants",
+    "timestampNtz",
+    "domainMetadata",
+    "v2Checkpoint",
+    "vacuumProtocolCheck",
+    "changeDataFeed",
+    "deletionVectors",
+}
+
+
+def check_table_features(dt, uri: str) -> None:
+    """Refuse target tables whose rules an append through this sink would break."""
+    config = dt.metadata().configuration or {}
+    constraints = sorted(
+        k[len("delta.constraints.") :] for k in config if k.startswith("delta.constraints.")
+    )
+    if constraints:
+        raise ConfigError(
+            f"the Delta table at {uri} has CHECK constraints {constraints}, which txn-delta "
+            "cannot enforce yet; drop them or write through a sink that enforces them"
+        )
+    mode = config.get("delta.columnMapping.mode", "none")
+    if mode != "none":
+        raise ConfigError(
+            f"the Delta table at {uri} uses column mapping (mode {mode!r}), which txn-delta "
+            "cannot write yet"
+        )
+    protocol = dt.protocol()
+    unknown = sorted(set(protocol.writer_features or ()) - _KNOWN_WRITER_FEATURES)
+    if unknown:
+        raise ConfigError(
+            f"the Delta table at {uri} needs writer features {unknown} that txn-delta does "
+            "not support"
+        )

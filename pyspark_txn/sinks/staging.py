@@ -37,14 +37,20 @@ STAGING_ROOT = "txn-staged"
 PARQUET_CODECS = ("snappy", "zstd", "lz4", "gzip", "none")
 
 
-def snapshot_dir(sink_id: str, snapshot_id: int) -> str:
-    """Relative to the table root; the snapshot id is zero-padded so names sort."""
-    return f"{STAGING_ROOT}/{sink_id}/{snapshot_id:012d}"
+def snapshot_dir(sink_id: str, snapshot_id: int, token: str) -> str:
+    """Relative to the table root: one folder per allocation (id zero-padded so names sort,
+    token so that two sinks sharing an id never share a folder)."""
+    name = f"{snapshot_id:012d}-{token}" if token else f"{snapshot_id:012d}"
+    return f"{STAGING_ROOT}/{sink_id}/{name}"
 
 
-def parse_snapshot_dir(name: str) -> int | None:
+def parse_snapshot_dir(name: str) -> tuple[int, str] | None:
+    """``(snapshot id, token)`` of a folder made by :func:`snapshot_dir`, else None."""
     base = name.rstrip("/").rsplit("/", 1)[-1]
-    return int(base) if base.isdigit() else None
+    sid, _, token = base.partition("-")
+    if not sid.isdigit() or not (token.isalnum() or token == ""):
+        return None
+    return int(sid), token
 
 
 @dataclass(frozen=True)
@@ -266,7 +272,9 @@ def _dictionary_columns(schema) -> list[str] | bool:
 class PartitionStager:
     """Stages one Spark partition of one snapshot. Use :func:`stage_partition`."""
 
-    def __init__(self, cfg: StagingConfig, snapshot_id: int, partition: int, schema) -> None:
+    def __init__(
+        self, cfg: StagingConfig, snapshot_id: int, token: str, partition: int, schema
+    ) -> None:
         import pyarrow as pa
 
         self.cfg = cfg
@@ -277,7 +285,7 @@ class PartitionStager:
         self.table_root = cfg.table_uri
         self.fs, self.fs_root = _fs.filesystem(cfg.table_uri, dict(cfg.fs_options))
         self.local = _fs.is_local(cfg.table_uri)
-        self.rel_dir = snapshot_dir(cfg.sink_id, snapshot_id)
+        self.rel_dir = snapshot_dir(cfg.sink_id, snapshot_id, token)
         self.attempt = uuid.uuid4().hex[:8]
         self.files_opened = 0
         self.handles: list[TxnHandle] = []
@@ -366,10 +374,15 @@ def _split_by(batch, columns: tuple[str, ...]) -> Iterator[tuple[tuple, Any]]:
 
 
 def stage_partition(
-    batches: Iterable, cfg: StagingConfig, snapshot_id: int, partition: int, schema
+    batches: Iterable,
+    cfg: StagingConfig,
+    snapshot_id: int,
+    token: str,
+    partition: int,
+    schema,
 ) -> list[TxnHandle]:
     """Write every batch of one partition; return the staged files' handles."""
-    stager = PartitionStager(cfg, snapshot_id, partition, schema)
+    stager = PartitionStager(cfg, snapshot_id, token, partition, schema)
     try:
         for batch in batches:
             stager.add(batch)

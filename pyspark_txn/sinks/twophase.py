@@ -22,14 +22,15 @@ from ..state import (
     SnapshotKind,
     SnapshotRecord,
     TxnHandle,
+    abandon,
     allocate,
-    begin_epoch,
+    dead_snapshots,
     decide,
     fold_sink,
     mark_committed,
-    orphan_snapshot_ids,
     pending_phase2,
     record_snapshot,
+    take_over,
 )
 from ..state.store import RecordStore
 
@@ -39,7 +40,12 @@ T = TypeVar("T")
 
 
 class Target(ABC):
-    """Where phase 2 makes staged data visible. Every method must be idempotent."""
+    """Where phase 2 makes staged data visible. Every method must be idempotent.
+
+    Staged artifacts are named by ``(snapshot id, token)``: the token of the
+    allocation they were staged for, so two sinks that share an id never
+    mistake each other's artifacts for their own.
+    """
 
     @abstractmethod
     def committed_batch(self, sink_id: str) -> int | None:
@@ -47,19 +53,33 @@ class Target(ABC):
 
     @abstractmethod
     def commit(self, record: SnapshotRecord) -> int | None:
-        """Make ``record``'s staged txns visible at most once; return the target version."""
+        """Make ``record``'s staged txns visible at most once; return the target version.
+
+        If the target shows the batch as committed, the commit carrying it must
+        be ``record``'s own (its ``record_id``); otherwise raise.
+        """
 
     @abstractmethod
-    def verify_staged(self, snapshot_id: int, txns: Sequence[TxnHandle]) -> None:
+    def verify_staged(self, snapshot_id: int, token: str, txns: Sequence[TxnHandle]) -> None:
         """Raise ``CorruptSnapshotError`` naming every staged txn that is missing or wrong."""
 
-    @abstractmethod
-    def discard(self, snapshot_id: int, keep: Iterable[str] = ()) -> None:
-        """Roll back the staged txns of ``snapshot_id``, except handles in ``keep``."""
+    def preflight(self, record: SnapshotRecord) -> None:  # noqa: B027 - optional hook
+        """Raise if phase 2 of ``record`` would fail for a reason retries cannot fix.
+
+        Runs before the record is written: nothing that can fail permanently
+        may come after it.
+        """
+
+    def check_new_sink(self, sink_id: str, query_id: str | None) -> None:  # noqa: B027
+        """Raise if the target holds commits of ``query_id`` made by another sink."""
 
     @abstractmethod
-    def staged_snapshot_ids(self) -> set[int]:
-        """Snapshot ids that have staged artifacts right now."""
+    def discard(self, snapshot_id: int, token: str, keep: Iterable[str] = ()) -> None:
+        """Roll back the staged txns of one attempt, except handles in ``keep``."""
+
+    @abstractmethod
+    def staged_attempts(self) -> set[tuple[int, str]]:
+        """``(snapshot id, token)`` of every attempt that has staged artifacts right now."""
 
 
 def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T:
@@ -87,6 +107,7 @@ class TwoPhaseCommitter:
         faults: FaultPlan = NO_FAULTS,
         phase2_attempts: int = 5,
         backoff_s: float = 0.1,
+        sweep_every: int = 32,
     ) -> None:
         self.store = store
         self.target = target
@@ -94,6 +115,7 @@ class TwoPhaseCommitter:
         self.faults = faults
         self.phase2_attempts = phase2_attempts
         self.backoff_s = backoff_s
+        self.sweep_every = sweep_every
 
     def load(self) -> SinkState:
         return self.store.load_sink(self.sink_id)
@@ -101,27 +123,118 @@ class TwoPhaseCommitter:
     def _update(self, transition: Callable[[SinkState], Any], state: SinkState | None = None):
         return self.store.update(self.sink_id, fold_sink, transition, state)
 
-    # --- driver, once per run ------------------------------------------------
+    # --- planner, before each batch's phase 1 ---------------------------------
 
-    def begin_run(self, owner: str, query_id: str | None, query_name: str | None = None) -> int:
-        """Take a new epoch (fencing every older run), then recover.
+    def allocate(self) -> tuple[int, str]:
+        """Reserve a snapshot id and token safely; only then may phase 1 stage anything."""
+        self.faults.hit("allocate")
+        event, _ = self._update(allocate)
+        return event.snapshot_id, event.payload["token"]
 
-        Recovery: redo phase 2 of safe records whose completion was never
-        confirmed, and roll back every staged snapshot no safe record names.
+    # --- driver, Spark's commit -----------------------------------------------
+
+    def commit(
+        self,
+        batch_id: int,
+        snapshot_id: int,
+        token: str,
+        txns: Sequence[TxnHandle],
+        *,
+        run_id: str | None,
+        source_offsets: Sequence[Any] | None = None,
+        query_id: str | None = None,
+        query_name: str | None = None,
+        target_meta: dict[str, Any] | None = None,
+        kind: SnapshotKind = SnapshotKind.AUTOMATIC,
+    ) -> SnapshotRecord:
+        """Decide ``batch_id`` (or recognise a replay), make the record safe, run phase 2.
+
+        ``run_id`` identifies the Spark query run whose tasks staged ``txns``
+        (None when no task ran: then the current epoch holder's run is assumed).
         """
-        event, state = self._update(lambda s: begin_epoch(s, owner, query_id, query_name))
-        log.info("sink %s: run %s took epoch %d", self.sink_id, owner, event.epoch)
+        state = self.load()
+        if run_id is not None:
+            takeover = take_over(state, run_id, snapshot_id, query_id, query_name)
+            if takeover is not None:
+                event, state = self._update(
+                    lambda s: take_over(s, run_id, snapshot_id, query_id, query_name), state
+                )
+                if event is not None:
+                    log.info("sink %s: run %s took epoch %d", self.sink_id, run_id, event.epoch)
+                    state = self._recover(state, query_id)
+        decision = decide(state, batch_id, snapshot_id, state.epoch, query_id, source_offsets)
+        if isinstance(decision, Replay):
+            # A replayed batch: decided before. Phase 2 again "just in case"
+            # (a no-op if it landed) and this attempt's staged data goes: only
+            # this call could ever record it.
+            rec = decision.record
+            log.info(
+                "sink %s: batch %d was decided as snapshot %d; replay is a no-op",
+                self.sink_id,
+                batch_id,
+                rec.snapshot_id,
+            )
+            if rec.snapshot_id != snapshot_id:
+                self.target.discard(snapshot_id, token)
+            if rec.snapshot_id not in state.committed:
+                state = self._phase2(state, rec)
+            self._sweep(state)
+            return rec
+        for pending in pending_phase2(state):  # an older decision lands before a newer one
+            state = self._phase2(state, pending)
+        committed = self.target.committed_batch(self.sink_id)
+        if committed is not None and committed >= batch_id:
+            raise CheckpointMismatchError(
+                f"sink {self.sink_id!r}: the target already holds batch {committed} but the "
+                f"record table has no record of batch {batch_id}: refusing to decide it again"
+            )
+        record = SnapshotRecord(
+            sink_id=self.sink_id,
+            snapshot_id=snapshot_id,
+            batch_id=batch_id,
+            epoch=state.epoch,
+            kind=kind,
+            txns=tuple(sorted(txns, key=lambda t: (t.partition, t.handle))),
+            source_offsets=tuple(source_offsets or ()),
+            query_id=query_id,
+            target=target_meta or {},
+            token=token,
+            run_id=run_id if run_id is not None else state.epoch_owner,
+        )
+        self.target.verify_staged(snapshot_id, token, record.txns)
+        self.target.preflight(record)
+        previous = state.last_record
+        self.faults.hit("before_record", batch_id)
+        _, state = self._update(lambda s: record_snapshot(s, record), state)
+        self.faults.hit("after_record", batch_id)
+        state = self._phase2(state, record)
+        if state_gap(previous, snapshot_id) or snapshot_id % self.sweep_every == 0:
+            # Attempts allocated since the last record died with this one (or
+            # it is time for the periodic sweep that catches files written late
+            # into dead attempts). Only provably dead attempts go.
+            self._sweep(state)
+        if previous is not None:
+            # Tasks of the previous batch have all ended by now: files a
+            # speculative or late attempt wrote into its folder since its own
+            # phase 2 are named by no record and go.
+            self.target.discard(previous.snapshot_id, previous.token, _handles(previous))
+        return record
+
+    def _recover(self, state: SinkState, query_id: str | None) -> SinkState:
+        """A new run took over: check the target, finish safe records, sweep the dead."""
         self._check_target_matches(state)
+        if not state.records:
+            self.target.check_new_sink(self.sink_id, query_id)
         for rec in pending_phase2(state):
             state = self._phase2(state, rec)
-        self._sweep_orphans(state, in_flight=None)
-        return event.epoch
+        self._sweep(state)
+        return state
 
-    def _sweep_orphans(self, state: SinkState, in_flight: int | None) -> None:
-        staged = self.target.staged_snapshot_ids()
-        for sid in sorted(orphan_snapshot_ids(state, staged, in_flight)):
-            log.info("sink %s: rolling back orphan staged snapshot %d", self.sink_id, sid)
-            self.target.discard(sid)
+    def _sweep(self, state: SinkState) -> None:
+        """Delete every staged attempt the state proves dead (safe on a stale state)."""
+        for sid, token in sorted(dead_snapshots(state, self.target.staged_attempts())):
+            log.info("sink %s: rolling back dead staged snapshot %d (%s)", self.sink_id, sid, token)
+            self.target.discard(sid, token)
 
     def _check_target_matches(self, state: SinkState) -> None:
         committed = self.target.committed_batch(self.sink_id)
@@ -134,74 +247,6 @@ class TwoPhaseCommitter:
                 "give the new query its own sinkId."
             )
 
-    # --- driver, before each batch's phase 1 ----------------------------------
-
-    def allocate(self, epoch: int) -> int:
-        """Reserve a snapshot id safely; only then may phase 1 stage anything."""
-        self.faults.hit("allocate")
-        event, _ = self._update(lambda s: allocate(s, epoch))
-        return event.snapshot_id
-
-    # --- driver, Spark's commit -----------------------------------------------
-
-    def commit(
-        self,
-        batch_id: int,
-        snapshot_id: int,
-        epoch: int,
-        txns: Sequence[TxnHandle],
-        *,
-        source_offsets: Sequence[Any] = (),
-        query_id: str | None = None,
-        target_meta: dict[str, Any] | None = None,
-        kind: SnapshotKind = SnapshotKind.AUTOMATIC,
-    ) -> SnapshotRecord:
-        state = self.load()
-        decision = decide(state, batch_id, snapshot_id, epoch, query_id)
-        if isinstance(decision, Replay):
-            # A replayed batch: decided before. Phase 2 again "just in case"
-            # (a no-op if it landed) and the new attempt's staged data goes.
-            rec = decision.record
-            log.info(
-                "sink %s: batch %d was decided as snapshot %d; replay is a no-op",
-                self.sink_id,
-                batch_id,
-                rec.snapshot_id,
-            )
-            if rec.snapshot_id != snapshot_id:
-                self.target.discard(snapshot_id)
-            self._phase2(state, rec)
-            self._sweep_orphans(state, in_flight=None)
-            return rec
-        if state.snapshot_id + 1 < snapshot_id:
-            # Attempts were abandoned since the last good snapshot: roll back
-            # everything no safe record names (late zombie files included)
-            # before this record, so a safe record never has orphans below it.
-            self._sweep_orphans(state, in_flight=snapshot_id)
-        committed = self.target.committed_batch(self.sink_id)
-        if committed is not None and committed >= batch_id:
-            raise CheckpointMismatchError(
-                f"sink {self.sink_id!r}: the target already holds batch {committed} but the "
-                f"record table has no record of batch {batch_id}: refusing to decide it again"
-            )
-        self.target.verify_staged(snapshot_id, txns)
-        record = SnapshotRecord(
-            sink_id=self.sink_id,
-            snapshot_id=snapshot_id,
-            batch_id=batch_id,
-            epoch=epoch,
-            kind=kind,
-            txns=tuple(sorted(txns, key=lambda t: (t.partition, t.handle))),
-            source_offsets=tuple(source_offsets),
-            query_id=query_id,
-            target=target_meta or {},
-        )
-        self.faults.hit("before_record", batch_id)
-        _, state = self._update(lambda s: record_snapshot(s, record), state)
-        self.faults.hit("after_record", batch_id)
-        self._phase2(state, record)
-        return record
-
     def _phase2(self, state: SinkState, record: SnapshotRecord) -> SinkState:
         """Commit a safe record's txns. Idempotent; re-runnable from the record alone."""
         version = _retry(
@@ -210,7 +255,7 @@ class TwoPhaseCommitter:
             self.phase2_attempts,
             self.backoff_s,
         )
-        self.target.discard(record.snapshot_id, keep=[t.handle for t in record.txns])
+        self.target.discard(record.snapshot_id, record.token, _handles(record))
         self.faults.hit("after_phase2", record.batch_id)
         if record.snapshot_id not in state.committed:
             _, state = self._update(lambda s: mark_committed(s, record.snapshot_id, version), state)
@@ -219,13 +264,33 @@ class TwoPhaseCommitter:
 
     # --- driver, Spark's abort -------------------------------------------------
 
-    def abort(self, snapshot_id: int) -> None:
+    def abort(self, snapshot_id: int, token: str) -> None:
         """Roll back one attempt's staged data, unless a safe record claims it.
 
-        Tasks may still be writing when Spark aborts: whatever lands later is
-        an orphan that the next run's recovery rolls back.
+        The attempt is first abandoned in the record table (a conditional
+        append), so a record write of the same attempt still in flight either
+        landed before (and the abort leaves everything alone) or can never
+        land. Tasks may still be writing when Spark aborts: whatever lands
+        later is dead and goes at a later sweep.
         """
         state = self.load()
+        if state.allocations.get(snapshot_id) != token:
+            log.warning(
+                "sink %s: abort of unknown attempt %d (%s) ignored",
+                self.sink_id,
+                snapshot_id,
+                token,
+            )
+            return
+        if state.record_for_snapshot(snapshot_id) is None:
+            _, state = self._update(
+                lambda s: (
+                    None
+                    if s.record_for_snapshot(snapshot_id) is not None
+                    else abandon(s, snapshot_id, "aborted by Spark")
+                ),
+                state,
+            )
         if state.record_for_snapshot(snapshot_id) is not None:
             log.warning(
                 "sink %s: abort of snapshot %d ignored: its record is safe, phase 2 will finish it",
@@ -233,4 +298,34 @@ class TwoPhaseCommitter:
                 snapshot_id,
             )
             return
-        self.target.discard(snapshot_id)
+        self.target.discard(snapshot_id, token)
+
+    def abandon(self, snapshot_id: int, reason: str) -> SinkState:
+        """Operator's way out of a record whose phase 2 can never succeed.
+
+        Refused if the target shows the batch as committed. The staged data
+        goes; Spark replays the batch, which is then decided anew.
+        """
+        state = self.load()
+        rec = state.record_for_snapshot(snapshot_id)
+        if rec is not None:
+            committed = self.target.committed_batch(self.sink_id)
+            if committed is not None and committed >= rec.batch_id:
+                raise TxnError(
+                    f"sink {self.sink_id!r}: the target already holds batch {committed} "
+                    f">= {rec.batch_id}; snapshot {snapshot_id} cannot be abandoned"
+                )
+        _, state = self._update(lambda s: abandon(s, snapshot_id, reason), state)
+        token = state.allocations.get(snapshot_id)
+        if token is not None:
+            self.target.discard(snapshot_id, token)
+        return state
+
+
+def state_gap(previous: SnapshotRecord | None, snapshot_id: int) -> bool:
+    """Whether ids were allocated between the previous record and ``snapshot_id``."""
+    return (previous.snapshot_id if previous else -1) + 1 < snapshot_id
+
+
+def _handles(record: SnapshotRecord) -> list[str]:
+    return [t.handle for t in record.txns]

@@ -9,7 +9,9 @@ which the fold rebuilds from the record table.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
@@ -20,6 +22,7 @@ from ..errors import (
     CheckpointMismatchError,
     FencedError,
     ProtocolViolation,
+    TxnError,
 )
 from .events import Event, EventKind
 
@@ -41,11 +44,14 @@ class Invariant(str, Enum):
     SEQ_GAP_FREE = "event sequence numbers are gap-free and start at 0"
     EPOCHS_INCREASE = "epochs strictly increase"
     IDS_STRICTLY_INCREASE = "snapshot ids strictly increase and are never reused"
-    RECORD_WAS_ALLOCATED = "a snapshot record names an id allocated by the same epoch"
-    ONE_IN_PROGRESS = "at most one snapshot is in progress per sink"
+    RECORD_WAS_ALLOCATED = "a snapshot record names an allocated id that was never abandoned"
+    ONE_WRITER = "only the run holding the current epoch writes snapshot records"
     ONE_RECORD_PER_BATCH = "record batch ids strictly increase (one decision per batch)"
     COMMIT_AFTER_SAFE_RECORD = "phase 2 happens only for a snapshot whose record is safe"
-    LAST_GOOD_NEVER_REVERTS = "the last good snapshot never reverts to an older one"
+    LAST_GOOD_NEVER_REVERTS = (
+        "snapshot records strictly increase; only an explicit abandon withdraws one"
+    )
+    ABANDON_ONLY_UNDECIDED = "only an allocation or an uncommitted last record can be abandoned"
 
 
 def _violation(invariant: Invariant, detail: str) -> ProtocolViolation:
@@ -85,6 +91,16 @@ class TxnHandle:
         )
 
 
+def new_token() -> str:
+    """A random tag that makes one allocation's staged artifacts unique.
+
+    Two sinks that share a sink id (two record tables, a copied checkpoint)
+    allocate the same snapshot ids; the token keeps their staged artifacts
+    apart, so one's cleanup can never touch the other's.
+    """
+    return uuid.uuid4().hex[:10]
+
+
 @dataclass(frozen=True)
 class SnapshotRecord:
     """The verification record: the commit decision and everything phase 2 needs."""
@@ -99,6 +115,11 @@ class SnapshotRecord:
     query_id: str | None = None
     target: Mapping[str, Any] = field(default_factory=dict)
     created_at: datetime | None = None
+    token: str = ""  # the allocation's token: names the staged artifacts
+    run_id: str | None = None  # the Spark query run that decided it
+    # Unique per record: phase 2 stamps it on the target's commit, so "the
+    # target already has it" is checked against this record, not a batch number.
+    record_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def rows(self) -> int:
@@ -119,6 +140,9 @@ class SnapshotRecord:
                 "txns": [t.to_json() for t in self.txns],
                 "source_offsets": list(self.source_offsets),
                 "target": dict(self.target),
+                "token": self.token,
+                "run_id": self.run_id,
+                "record_id": self.record_id,
             },
         )
 
@@ -136,6 +160,9 @@ class SnapshotRecord:
             query_id=e.query_id,
             target=p.get("target", {}),
             created_at=e.created_at,
+            token=p.get("token", ""),
+            run_id=p.get("run_id"),
+            record_id=p.get("record_id") or e.event_id,
         )
 
 
@@ -149,21 +176,35 @@ class ExecutionRecord:
     ongoing_snapshot_id: int  # last allocated; may be abandoned
     last_committed_batch_id: int | None
     query_id: str | None
+    run_id: str | None = None  # the run holding the epoch
+
+
+def _frozen(d: Mapping) -> Mapping:
+    return MappingProxyType(dict(d))
 
 
 @dataclass(frozen=True)
 class SinkState:
-    """A fold over one sink's events. Build it with :func:`fold_sink`."""
+    """A fold over one sink's events. Build it with :func:`fold_sink`.
+
+    ``high_water`` is the highest snapshot id ever recorded or abandoned. It
+    only grows, and no id at or below it can ever be recorded again: that is
+    what makes a staged snapshot *provably dead* (see :func:`dead_snapshots`).
+    """
 
     sink_id: str
     next_seq: int = 0
     epoch: int = 0
     epoch_owner: str | None = None
+    epoch_floor: int = NO_SNAPSHOT  # the snapshot id the current owner took over with
+    owners: frozenset[str] = frozenset()  # every run that ever held an epoch
     query_id: str | None = None
     ongoing_snapshot_id: int = NO_SNAPSHOT
-    ongoing_epoch: int = 0
+    allocations: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
     records: Mapping[int, SnapshotRecord] = field(default_factory=lambda: MappingProxyType({}))
     last_record: SnapshotRecord | None = None
+    high_water: int = NO_SNAPSHOT
+    abandoned: frozenset[int] = frozenset()
     committed: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
@@ -180,9 +221,13 @@ class SinkState:
             ongoing_snapshot_id=self.ongoing_snapshot_id,
             last_committed_batch_id=max(done) if done else None,
             query_id=self.query_id,
+            run_id=self.epoch_owner,
         )
 
     def record_for_snapshot(self, snapshot_id: int) -> SnapshotRecord | None:
+        last = self.last_record
+        if last is not None and last.snapshot_id == snapshot_id:
+            return last
         for r in self.records.values():
             if r.snapshot_id == snapshot_id:
                 return r
@@ -198,8 +243,15 @@ class SinkState:
         if e.kind is EventKind.EPOCH:
             if e.epoch <= self.epoch:
                 raise _violation(Invariant.EPOCHS_INCREASE, f"epoch {e.epoch} after {self.epoch}")
+            owner = e.payload.get("owner")
+            floor = e.payload.get("from_snapshot")
             return replace(
-                s, epoch=e.epoch, epoch_owner=e.payload.get("owner"), query_id=e.query_id
+                s,
+                epoch=e.epoch,
+                epoch_owner=owner,
+                epoch_floor=self.epoch_floor if floor is None else floor,
+                owners=self.owners | {owner} if owner else self.owners,
+                query_id=e.query_id,
             )
         if e.kind is EventKind.ALLOCATED:
             if e.snapshot_id <= self.ongoing_snapshot_id:
@@ -207,25 +259,29 @@ class SinkState:
                     Invariant.IDS_STRICTLY_INCREASE,
                     f"allocated {e.snapshot_id} after {self.ongoing_snapshot_id}",
                 )
-            return replace(s, ongoing_snapshot_id=e.snapshot_id, ongoing_epoch=e.epoch)
+            allocations = dict(self.allocations)
+            allocations[e.snapshot_id] = e.payload.get("token", "")
+            return replace(
+                s, ongoing_snapshot_id=e.snapshot_id, allocations=MappingProxyType(allocations)
+            )
         if e.kind is EventKind.SNAPSHOT:
             rec = SnapshotRecord.from_event(e)
-            if rec.snapshot_id != self.ongoing_snapshot_id:
-                raise _violation(
-                    Invariant.ONE_IN_PROGRESS,
-                    f"record for snapshot {rec.snapshot_id} while {self.ongoing_snapshot_id} "
-                    "is the one in progress",
-                )
-            if rec.epoch != self.ongoing_epoch:
+            if rec.snapshot_id not in self.allocations or rec.snapshot_id in self.abandoned:
                 raise _violation(
                     Invariant.RECORD_WAS_ALLOCATED,
-                    f"snapshot {rec.snapshot_id} allocated by epoch {self.ongoing_epoch}, "
-                    f"recorded by epoch {rec.epoch}",
+                    f"record for snapshot {rec.snapshot_id}, which was "
+                    + ("abandoned" if rec.snapshot_id in self.abandoned else "never allocated"),
                 )
-            if rec.snapshot_id <= self.snapshot_id:
+            if rec.epoch != self.epoch:
+                raise _violation(
+                    Invariant.ONE_WRITER,
+                    f"snapshot {rec.snapshot_id} recorded by epoch {rec.epoch} while epoch "
+                    f"{self.epoch} holds the sink",
+                )
+            if rec.snapshot_id <= self.high_water:
                 raise _violation(
                     Invariant.LAST_GOOD_NEVER_REVERTS,
-                    f"record {rec.snapshot_id} after last good {self.snapshot_id}",
+                    f"record {rec.snapshot_id} after snapshot {self.high_water}",
                 )
             if self.last_record is not None and rec.batch_id <= self.last_record.batch_id:
                 raise _violation(
@@ -234,7 +290,7 @@ class SinkState:
                 )
             records = dict(self.records)
             records[rec.batch_id] = rec
-            return replace(s, records=MappingProxyType(records), last_record=rec)
+            return replace(s, records=_frozen(records), last_record=rec, high_water=rec.snapshot_id)
         if e.kind is EventKind.COMMITTED:
             if self.record_for_snapshot(e.snapshot_id) is None:
                 raise _violation(
@@ -243,7 +299,30 @@ class SinkState:
                 )
             committed = dict(self.committed)
             committed[e.snapshot_id] = e.payload.get("target_version")
-            return replace(s, committed=MappingProxyType(committed))
+            return replace(s, committed=_frozen(committed))
+        if e.kind is EventKind.ABANDONED:
+            sid = e.snapshot_id
+            if sid not in self.allocations or sid in self.abandoned or sid in self.committed:
+                raise _violation(
+                    Invariant.ABANDON_ONLY_UNDECIDED,
+                    f"snapshot {sid} is not an open allocation or uncommitted record",
+                )
+            rec = self.record_for_snapshot(sid)
+            if rec is None:
+                return replace(s, abandoned=self.abandoned | {sid})
+            if rec is not self.last_record:
+                raise _violation(
+                    Invariant.ABANDON_ONLY_UNDECIDED, f"snapshot {sid} is not the last record"
+                )
+            records = {b: r for b, r in self.records.items() if r.snapshot_id != sid}
+            last = max(records.values(), key=lambda r: r.snapshot_id) if records else None
+            return replace(
+                s,
+                records=_frozen(records),
+                last_record=last,
+                abandoned=self.abandoned | {sid},
+                high_water=max(self.high_water, sid),
+            )
         raise ProtocolViolation(f"{self.sink_id}: event kind {e.kind.value} is not a sink event")
 
 
@@ -266,40 +345,81 @@ def check_invariants(sink_id: str, events: Iterable[Event]) -> SinkState:
 # --- transitions -----------------------------------------------------------
 
 
-def begin_epoch(
-    state: SinkState, owner: str, query_id: str | None, query_name: str | None = None
-) -> Event:
-    """A new run takes the sink over; every older run is fenced from now on."""
+def check_query(state: SinkState, query_id: str | None) -> None:
+    """The checkpoint must belong to the query that wrote this sink's history."""
+    if state.query_id is not None and query_id is not None and state.query_id != query_id:
+        raise CheckpointMismatchError(
+            f"sink {state.sink_id!r} was written by streaming query {state.query_id} but the "
+            f"checkpoint now belongs to query {query_id}: the checkpoint was deleted or replaced. "
+            "Restarting would skip or duplicate data. Restore the original checkpoint, or give "
+            "the new query its own sink (option sinkId) and target."
+        )
+
+
+def take_over(
+    state: SinkState,
+    run_id: str,
+    snapshot_id: int | None,
+    query_id: str | None,
+    query_name: str | None = None,
+) -> Event | None:
+    """Fence every older run if ``run_id`` is a run this sink has not seen yet.
+
+    A run is one start of a Spark query (Spark's ``runId``). Runs are ordered
+    by the snapshot id they take over with: ids are allocated in time order,
+    so a run whose attempt was allocated before the current owner took over
+    started before it and is a zombie. Returns the ``epoch`` event to append,
+    or None when ``run_id`` already holds the epoch.
+    """
     check_query(state, query_id)
+    if run_id == state.epoch_owner:
+        return None
+    if run_id in state.owners:
+        raise _fenced(state, f"run {run_id}")
+    if snapshot_id is not None and snapshot_id < state.epoch_floor:
+        raise _fenced(
+            state,
+            f"run {run_id} (its snapshot {snapshot_id} was allocated before run "
+            f"{state.epoch_owner} took over with snapshot {state.epoch_floor})",
+        )
     return Event(
         stream=state.sink_id,
         seq=state.next_seq,
         kind=EventKind.EPOCH,
         epoch=state.epoch + 1,
         query_id=query_id if query_id is not None else state.query_id,
-        payload={"owner": owner, "query_name": query_name},
+        payload={"owner": run_id, "query_name": query_name, "from_snapshot": snapshot_id},
+    )
+
+
+def _fenced(state: SinkState, who: str) -> FencedError:
+    return FencedError(
+        f"sink {state.sink_id!r}: {who} was fenced: epoch {state.epoch} was taken by a newer "
+        f"run ({state.epoch_owner}); two runs must never write as the same sink. Stop the "
+        "other query, or give each its own checkpoint (and sinkId)."
     )
 
 
 def check_epoch(state: SinkState, epoch: int) -> None:
     if epoch != state.epoch:
-        raise FencedError(
-            f"sink {state.sink_id!r}: this run holds epoch {epoch} but epoch {state.epoch} "
-            f"was taken by a newer run (owner {state.epoch_owner}); two queries must never "
-            "write as the same sink. Stop the other query, or give each its own sinkId."
-        )
+        raise _fenced(state, f"the run holding epoch {epoch}")
 
 
-def allocate(state: SinkState, epoch: int) -> Event:
-    """Reserve the next snapshot id; it is never reused, even if the attempt fails."""
-    check_epoch(state, epoch)
+def allocate(state: SinkState, token: str | None = None) -> Event:
+    """Reserve the next snapshot id; it is never reused, even if the attempt fails.
+
+    Allocation is not fenced: Spark plans a batch in a pooled Python worker
+    that cannot tell which run it plans for. An allocation is only a
+    reservation; the run that records it is fenced (:func:`take_over`).
+    """
     return Event(
         stream=state.sink_id,
         seq=state.next_seq,
         kind=EventKind.ALLOCATED,
-        epoch=epoch,
+        epoch=state.epoch,
         snapshot_id=state.ongoing_snapshot_id + 1,
         query_id=state.query_id,
+        payload={"token": token if token is not None else new_token()},
     )
 
 
@@ -315,24 +435,42 @@ class Decide:
     """A new decision: make the record safe, then run phase 2."""
 
 
-def check_query(state: SinkState, query_id: str | None) -> None:
-    """The checkpoint must belong to the query that wrote this sink's history."""
-    if state.query_id is not None and query_id is not None and state.query_id != query_id:
-        raise CheckpointMismatchError(
-            f"sink {state.sink_id!r} was written by streaming query {state.query_id} but the "
-            f"checkpoint now belongs to query {query_id}: the checkpoint was deleted or replaced. "
-            "Restarting would skip or duplicate data. Restore the original checkpoint, or give "
-            "the new query its own sink (option sinkId) and target."
-        )
+def _same_offsets(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    canon = lambda v: json.dumps(list(v), sort_keys=True, default=str)  # noqa: E731
+    return canon(a) == canon(b)
 
 
 def decide(
-    state: SinkState, batch_id: int, snapshot_id: int, epoch: int, query_id: str | None = None
+    state: SinkState,
+    batch_id: int,
+    snapshot_id: int,
+    epoch: int,
+    query_id: str | None = None,
+    source_offsets: Sequence[Any] | None = None,
 ) -> Replay | Decide:
+    """Whether ``batch_id`` is a replay of a decided batch or needs a new decision.
+
+    A replay must carry the offsets the batch was decided with: Spark's offset
+    log and the record table disagreeing means the checkpoint was reset or
+    replaced, and trusting the record would skip the new offsets' data.
+    """
     check_query(state, query_id)
     check_epoch(state, epoch)
     done = state.records.get(batch_id)
     if done is not None:
+        if (
+            source_offsets is not None
+            and done.source_offsets
+            and not _same_offsets(done.source_offsets, source_offsets)
+        ):
+            raise CheckpointMismatchError(
+                f"sink {state.sink_id!r}: batch {batch_id} was decided as snapshot "
+                f"{done.snapshot_id} with source offsets {list(done.source_offsets)}, but "
+                f"Spark's checkpoint now has {list(source_offsets)} for it: the checkpoint's "
+                "offsets were reset or replaced. Treating it as a replay would skip data. "
+                "Restore the original checkpoint, or start a new query with its own "
+                "checkpoint and sink."
+            )
         return Replay(done)
     last = state.last_record
     if last is not None and batch_id < last.batch_id:
@@ -342,11 +480,21 @@ def decide(
             "checkpoint is older than the record table (restored or replaced). Refusing to "
             "guess; restore the matching checkpoint."
         )
-    if snapshot_id != state.ongoing_snapshot_id or state.ongoing_epoch != epoch:
-        raise ProtocolViolation(
-            f"invariant broken: {Invariant.ONE_IN_PROGRESS.value}: sink {state.sink_id!r} "
-            f"cannot record snapshot {snapshot_id} (epoch {epoch}); the snapshot in progress "
-            f"is {state.ongoing_snapshot_id} (epoch {state.ongoing_epoch})"
+    if snapshot_id not in state.allocations or snapshot_id in state.abandoned:
+        how = (
+            "abandoned (by Spark's abort or `pyspark-txn abandon`)"
+            if snapshot_id in state.abandoned
+            else "never allocated"
+        )
+        raise _violation(
+            Invariant.RECORD_WAS_ALLOCATED,
+            f"sink {state.sink_id!r} cannot record snapshot {snapshot_id}: it was {how}",
+        )
+    if snapshot_id <= state.high_water:
+        raise _violation(
+            Invariant.LAST_GOOD_NEVER_REVERTS,
+            f"sink {state.sink_id!r} cannot record snapshot {snapshot_id}: snapshot "
+            f"{state.high_water} was decided after it was allocated (a newer attempt won)",
         )
     return Decide()
 
@@ -377,16 +525,58 @@ def mark_committed(state: SinkState, snapshot_id: int, target_version: int | Non
     )
 
 
-def orphan_snapshot_ids(
-    state: SinkState, staged: Iterable[int], in_flight: int | None = None
-) -> set[int]:
-    """Staged snapshot ids that no safe record references: safe to roll back.
+def abandon(state: SinkState, snapshot_id: int, reason: str) -> Event | None:
+    """Withdraw an allocation, or a safe record whose phase 2 can never succeed.
 
-    ``in_flight`` is the attempt being decided right now, never an orphan. A
-    snapshot with a safe record is never returned, whatever its phase 2 state.
+    Returns None when there is nothing to withdraw (already abandoned). A
+    committed record can never be abandoned, nor any record but the last.
     """
-    recorded = {r.snapshot_id for r in state.records.values()}
-    return {s for s in staged if s not in recorded and s != in_flight}
+    if snapshot_id in state.abandoned:
+        return None
+    rec = state.record_for_snapshot(snapshot_id)
+    if snapshot_id not in state.allocations:
+        raise TxnError(f"sink {state.sink_id!r}: snapshot {snapshot_id} was never allocated")
+    if snapshot_id in state.committed:
+        raise TxnError(
+            f"sink {state.sink_id!r}: snapshot {snapshot_id} is committed (batch "
+            f"{rec.batch_id if rec else '?'}); a committed snapshot can never be abandoned"
+        )
+    if rec is not None and rec is not state.last_record:
+        raise TxnError(
+            f"sink {state.sink_id!r}: snapshot {snapshot_id} is not the last record; only "
+            f"the last one (snapshot {state.snapshot_id}) can be abandoned"
+        )
+    return Event(
+        stream=state.sink_id,
+        seq=state.next_seq,
+        kind=EventKind.ABANDONED,
+        epoch=state.epoch,
+        snapshot_id=snapshot_id,
+        batch_id=rec.batch_id if rec else None,
+        query_id=state.query_id,
+        payload={"reason": reason, "was_recorded": rec is not None},
+    )
+
+
+def dead_snapshots(state: SinkState, staged: Iterable[tuple[int, str]]) -> set[tuple[int, str]]:
+    """Staged ``(snapshot id, token)`` attempts that can never be committed: safe to delete.
+
+    Dead means: allocated by this stream with this token, not named by a safe
+    record, and either abandoned or below ``high_water`` (ids only get
+    recorded above it). Every one of these facts, once true, stays true, so
+    the answer is safe on a *stale* state too: a zombie that read the log long
+    ago can never delete what a newer run recorded or is still staging.
+    Attempts of other streams (unknown token) and ids newer than the state
+    are never returned.
+    """
+    live = {r.snapshot_id for r in state.records.values()}
+    return {
+        (sid, token)
+        for sid, token in staged
+        if state.allocations.get(sid) == token
+        and sid not in live
+        and (sid in state.abandoned or sid < state.high_water)
+    }
 
 
 def pending_phase2(state: SinkState) -> list[SnapshotRecord]:

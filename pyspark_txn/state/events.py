@@ -27,6 +27,7 @@ class EventKind(str, Enum):
     ALLOCATED = "allocated"  # a snapshot id was reserved before phase 1
     SNAPSHOT = "snapshot"  # the snapshot record: the commit decision, made safe
     COMMITTED = "committed"  # phase 2 done; pins the target version
+    ABANDONED = "abandoned"  # an allocation or an uncommitted record was withdrawn
     CLAIM = "claim"  # offset log: message ids claimed for one offset
     ACKED = "acked"  # offset log: claims up to an offset were acknowledged
 

@@ -199,10 +199,13 @@ class RecordStore:
         self,
         stream: str,
         fold: Callable[[str, list[Event]], S],
-        transition: Callable[[S], Event],
+        transition: Callable[[S], Event | None],
         state: S | None = None,
-    ) -> tuple[Event, S]:
+    ) -> tuple[Event | None, S]:
         """Fold, run ``transition``, append its event safely; re-fold on a lost race.
+
+        A transition that returns None has nothing to append (the state
+        already says what it wanted): ``(None, state)`` is returned.
 
         ``state``, when the caller just folded it, saves the first read: if it
         is stale the conditional append loses and the loop re-folds. The
@@ -214,6 +217,8 @@ class RecordStore:
             if state is None:
                 state = self.fold(stream, fold)
             event = transition(state)
+            if event is None:
+                return None, state
             try:
                 self.safe_append(event)
             except CommitConflict:

@@ -73,20 +73,20 @@ def test_record_table_keeps_few_files(tmp_path):
 @pytest.mark.parametrize("new_count", [2, 4, 6], ids=["fewer", "same", "more"])
 def test_memoized_fold_restarts_on_a_recreated_table(tmp_path, new_count):
     """The per-process fold memo continues only the same history, never another table's."""
-    from pyspark_txn.state import MemoryEventLog, RecordStore, allocate, begin_epoch, fold_sink
+    from pyspark_txn.state import MemoryEventLog, RecordStore, allocate, fold_sink, take_over
 
     uri = str(tmp_path / "records")
     store = RecordStore(DeltaEventLog(uri))
-    store.update("s", fold_sink, lambda s: begin_epoch(s, "old-run", "q-old"))
+    store.update("s", fold_sink, lambda s: take_over(s, "old-run", None, "q-old"))
     for _ in range(3):
-        store.update("s", fold_sink, lambda s: allocate(s, 1))
+        store.update("s", fold_sink, allocate)
     assert store.load_sink("s").query_id == "q-old"
     shutil.rmtree(uri)
     # Another process re-creates the table: its events reach this process only by reading.
     other = RecordStore(MemoryEventLog())
-    other.update("s", fold_sink, lambda s: begin_epoch(s, "new-run", "q-new"))
+    other.update("s", fold_sink, lambda s: take_over(s, "new-run", None, "q-new"))
     for _ in range(new_count - 1):
-        other.update("s", fold_sink, lambda s: allocate(s, 1))
+        other.update("s", fold_sink, allocate)
     fresh = DeltaEventLog(uri)
     for event in other.events("s"):
         fresh.append(event)

@@ -13,8 +13,9 @@ from pyspark_txn.state import (
     MemoryEventLog,
     RecordStore,
     allocate,
-    begin_epoch,
+    check_epoch,
     fold_sink,
+    take_over,
 )
 
 
@@ -96,13 +97,14 @@ def test_seq_taken_by_another_writer_is_a_conflict(backend):
 def test_update_refolds_after_a_lost_race(backend):
     """A concurrent epoch between fold and append: the retry sees it and fences."""
     store = RecordStore(backend, backoff_s=0)
-    store.update("s", fold_sink, lambda s: begin_epoch(s, "a", "q"))
-    intruder = begin_epoch(fold_sink("s", backend.read("s")), "b", "q")
+    store.update("s", fold_sink, lambda s: take_over(s, "a", None, "q"))
+    intruder = take_over(fold_sink("s", backend.read("s")), "b", None, "q")
 
     def transition(state):
         if backend.read("s")[-1].seq == 0:  # first try: someone takes the sink now
             backend.append(intruder)
-        return allocate(state, 1)
+        check_epoch(state, 1)  # a transition only the epoch-1 run may make
+        return allocate(state)
 
     with pytest.raises(FencedError):
         store.update("s", fold_sink, transition)
@@ -111,17 +113,17 @@ def test_update_refolds_after_a_lost_race(backend):
 def test_update_with_a_stale_state_refolds(backend):
     """A caller's state that missed an event: the append loses, the fresh fold decides."""
     store = RecordStore(backend, backoff_s=0)
-    _, stale = store.update("s", fold_sink, lambda s: begin_epoch(s, "a", "q"))
-    missed, _ = store.update("s", fold_sink, lambda s: allocate(s, 1))  # stale lacks it
-    event, state = store.update("s", fold_sink, lambda s: allocate(s, 1), stale)
+    _, stale = store.update("s", fold_sink, lambda s: take_over(s, "a", None, "q"))
+    missed, _ = store.update("s", fold_sink, allocate)  # stale lacks it
+    event, state = store.update("s", fold_sink, allocate, stale)
     assert (event.seq, event.snapshot_id) == (2, missed.snapshot_id + 1)
     assert [e.snapshot_id for e in backend.read("s")[1:]] == [missed.snapshot_id, event.snapshot_id]
     assert state.ongoing_snapshot_id == event.snapshot_id
     # A newer run took the sink since the state was folded: fenced, nothing written.
-    _, old = store.update("s", fold_sink, lambda s: allocate(s, 1))
-    store.update("s", fold_sink, lambda s: begin_epoch(s, "b", "q"))
+    _, old = store.update("s", fold_sink, allocate)
+    store.update("s", fold_sink, lambda s: take_over(s, "b", None, "q"))
     with pytest.raises(FencedError):
-        store.update("s", fold_sink, lambda s: allocate(s, 1), old)
+        store.update("s", fold_sink, lambda s: check_epoch(s, 1) or allocate(s), old)
     assert len(backend.read("s")) == 5
 
 

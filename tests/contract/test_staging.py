@@ -24,7 +24,7 @@ def _stager_threads() -> list[threading.Thread]:
 def test_rows_row_groups_files_checksums_and_stats(tmp_path):
     cfg = _config(tmp_path, row_group_rows=60_000, target_file_rows=130_000)
     schema = expected_rows(0, 1, width=2).schema
-    handles = stage_partition(generate(0, 250_000, 2, 10_000), cfg, 7, 3, schema)
+    handles = stage_partition(generate(0, 250_000, 2, 10_000), cfg, 7, "tok", 3, schema)
 
     # 60k-row groups, files closed once they reach 130k rows: 180k + 70k.
     assert [h.rows for h in handles] == [180_000, 70_000]
@@ -32,7 +32,7 @@ def test_rows_row_groups_files_checksums_and_stats(tmp_path):
     parts = []
     for h, groups in zip(handles, row_groups, strict=True):
         assert h.partition == 3
-        assert h.handle.startswith(snapshot_dir("s1", 7) + "/part-00003-")
+        assert h.handle.startswith(snapshot_dir("s1", 7, "tok") + "/part-00003-")
         path = tmp_path / "table" / h.handle
         data = path.read_bytes()
         assert h.bytes == len(data)
@@ -54,7 +54,7 @@ def test_dictionary_encoding_only_for_strings(tmp_path):
     batch = pa.RecordBatch.from_pydict(
         {"n": list(range(1000)), "s": [f"k{i % 3}" for i in range(1000)]}, schema=schema
     )
-    (h,) = stage_partition([batch], _config(tmp_path), 1, 0, schema)
+    (h,) = stage_partition([batch], _config(tmp_path), 1, "tok", 0, schema)
     rg = pq.ParquetFile(tmp_path / "table" / h.handle).metadata.row_group(0)
     encodings = {rg.column(i).path_in_schema: rg.column(i).encodings for i in range(2)}
     assert not any("DICTIONARY" in e for e in encodings["n"])
@@ -66,7 +66,7 @@ def test_dictionary_encoding_only_for_strings(tmp_path):
 )
 def test_compression_codec(tmp_path, codec, stored):
     schema = expected_rows(0, 1).schema
-    (h,) = stage_partition(generate(0, 1000), _config(tmp_path, compression=codec), 1, 0, schema)
+    (h,) = stage_partition(generate(0, 1000), _config(tmp_path, compression=codec), 1, "tok", 0, schema)
     meta = pq.ParquetFile(tmp_path / "table" / h.handle).metadata
     assert {meta.row_group(0).column(i).compression for i in range(2)} == {stored}
     assert pq.read_table(tmp_path / "table" / h.handle).equals(expected_rows(0, 1000))
@@ -78,7 +78,7 @@ def test_partitioned_output_one_file_per_value(tmp_path):
         pa.RecordBatch.from_pydict({"k": ["a", "b", None, "a"], "v": [1, 2, 3, 4]}, schema=schema),
         pa.RecordBatch.from_pydict({"k": ["b"], "v": [5]}, schema=schema),
     ]
-    handles = stage_partition(batches, _config(tmp_path, partition_by=("k",)), 2, 0, schema)
+    handles = stage_partition(batches, _config(tmp_path, partition_by=("k",)), 2, "tok", 0, schema)
     got = {}
     for h in handles:
         t = pq.read_table(tmp_path / "table" / h.handle)
@@ -96,7 +96,7 @@ def test_failing_input_stops_the_encoder_thread(tmp_path):
 
     before = len(_stager_threads())
     with pytest.raises(RuntimeError, match="JVM went away"):
-        stage_partition(batches(), _config(tmp_path, row_group_rows=30_000), 1, 0, schema)
+        stage_partition(batches(), _config(tmp_path, row_group_rows=30_000), 1, "tok", 0, schema)
     assert len(_stager_threads()) == before
 
 
@@ -107,5 +107,5 @@ def test_encoder_error_reaches_the_task(tmp_path):
     schema = expected_rows(0, 1).schema
     before = len(_stager_threads())
     with pytest.raises(OSError):
-        stage_partition(generate(0, 50_000, 0, 10_000), _config(tmp_path), 1, 0, schema)
+        stage_partition(generate(0, 50_000, 0, 10_000), _config(tmp_path), 1, "tok", 0, schema)
     assert len(_stager_threads()) == before

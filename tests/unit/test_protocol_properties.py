@@ -37,26 +37,31 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.store = RecordStore(self.log, max_attempts=2, backoff_s=0)
         self.target = MemoryTarget()
         self.spark_committed = -1  # Spark's commit log: the last batch it knows is done
-        self.run_epoch = None  # None: the next batch starts a new run
+        self.run_id = None  # None: the next batch starts a new run
         self.safe_handles: set[str] = set()
 
     def committer(self, faults=FaultPlan()):
         return TwoPhaseCommitter(self.store, self.target, SINK, faults=faults, backoff_s=0)
 
     def start_attempt(self, committer):
-        if self.run_epoch is None:
-            self.run_epoch = committer.begin_run(uuid.uuid4().hex, "query")
-        return committer.allocate(self.run_epoch)
+        if self.run_id is None:
+            self.run_id = uuid.uuid4().hex
+        return committer.allocate()
 
-    def stage(self, snapshot_id, batch, partitions):
+    def stage(self, attempt, batch, partitions):
         rows = batch_rows(batch)
         txns = []
         for p in range(partitions):
             part = rows[p::partitions]
-            handle = f"s{snapshot_id}-p{p}-{uuid.uuid4().hex[:6]}"
-            self.target.stage(snapshot_id, handle, part)
+            handle = f"s{attempt[0]}-p{p}-{uuid.uuid4().hex[:6]}"
+            self.target.stage(*attempt, handle, part)
             txns.append(TxnHandle(p, handle, len(part), 1, "crc32:0"))
         return txns
+
+    def commit(self, committer, batch, attempt, txns, run_id):
+        committer.commit(
+            batch, *attempt, txns, run_id=run_id, query_id="query", source_offsets=[batch]
+        )
 
     @rule(
         partitions=st.integers(1, 3),
@@ -69,13 +74,13 @@ class ProtocolMachine(RuleBasedStateMachine):
         faults = FaultPlan((FaultRule(crash, "raise", batch=batch),)) if crash else FaultPlan()
         committer = self.committer(faults)
         try:
-            snapshot_id = self.start_attempt(committer)
-            txns = self.stage(snapshot_id, batch, partitions)
+            attempt = self.start_attempt(committer)
+            txns = self.stage(attempt, batch, partitions)
             if storage:
                 self.log.plan = [storage]
-            committer.commit(batch, snapshot_id, self.run_epoch, txns, query_id="query")
+            self.commit(committer, batch, attempt, txns, self.run_id)
         except (InjectedFault, IndeterminateCommitError, OSError):
-            self.run_epoch = None  # the query fails; Spark does not log the batch
+            self.run_id = None  # the query fails; Spark does not log the batch
             return
         finally:
             self.log.plan, self.log.read_failures = [], 0
@@ -85,30 +90,34 @@ class ProtocolMachine(RuleBasedStateMachine):
     def abort_batch(self, partitions):
         """A task fails: Spark aborts; a zombie task may still stage a file afterwards."""
         committer = self.committer()
-        snapshot_id = self.start_attempt(committer)
-        self.stage(snapshot_id, self.spark_committed + 1, partitions)
-        committer.abort(snapshot_id)
-        self.target.stage(snapshot_id, f"zombie-{snapshot_id}", [10**6])
-        self.run_epoch = None
+        attempt = self.start_attempt(committer)
+        self.stage(attempt, self.spark_committed + 1, partitions)
+        committer.abort(*attempt)
+        self.target.stage(*attempt, f"zombie-{attempt[0]}", [10**6])
+        self.run_id = None
 
     @rule()
     def crash_driver(self):
-        self.run_epoch = None
+        self.run_id = None
 
-    @precondition(lambda self: self.run_epoch is not None)
+    @precondition(lambda self: self.run_id is not None)
     @rule()
-    def second_query_takes_over(self):
-        """Another run takes the sink; the old run's next attempt must be fenced."""
-        old = self.run_epoch
-        self.run_epoch = None
-        newer = self.committer()
-        self.run_epoch = newer.begin_run("intruder", "query")
+    def second_run_takes_over(self):
+        """A newer run commits a batch; the old run's next commit must be fenced."""
+        old, self.run_id = self.run_id, None
+        self.run_batch.hypothesis_stateful_rule.function(self, 1, None, None)
+        if self.run_id is None:
+            return
+        committer = self.committer()
+        attempt = committer.allocate()
+        batch = self.spark_committed + 1
+        txns = self.stage(attempt, batch, 1)
         try:
-            self.committer().allocate(old)
+            self.commit(committer, batch, attempt, txns, old)
         except FencedError:
-            pass
+            committer.abort(*attempt)  # Spark aborts a batch whose commit failed
         else:
-            raise AssertionError("an older epoch allocated after a newer run took over")
+            raise AssertionError("an older run committed after a newer run took over")
 
     @invariant()
     def record_log_is_valid(self):
@@ -128,13 +137,14 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     def teardown(self):
         # Recovery: a clean restart runs the pipeline to the end.
-        self.run_epoch = None
+        self.run_id = None
         for _ in range(3):
             self.run_batch.hypothesis_stateful_rule.function(self, 2, None, None)
         target_batches = self.spark_committed + 1
         assert sorted(self.target.rows) == [r for b in range(target_batches) for r in batch_rows(b)]
         state = self.store.load_sink(SINK)
-        assert self.target.staged_snapshot_ids() <= {r.snapshot_id for r in state.records.values()}
+        staged = {sid for sid, _ in self.target.staged_attempts()}
+        assert staged <= {r.snapshot_id for r in state.records.values()}
 
 
 ProtocolMachine.TestCase.settings = settings(
