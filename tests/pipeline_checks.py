@@ -21,6 +21,7 @@ class PipelineRunner:
         self.checkpoint = str(base / "chk")
         self.total = total
         self.per_batch = per_batch
+        self.start = 0  # the source's first row index
 
     def writer(self, faults: str | None = None, width: int = 0, **options):
         df = (
@@ -28,6 +29,7 @@ class PipelineRunner:
             .option("rowsPerBatch", self.per_batch)
             .option("totalRows", self.total)
             .option("width", width)
+            .option("start", self.start)
             .load()
         )
         w = df.writeStream.format("txn-delta").option("path", self.target)

@@ -1,0 +1,218 @@
+"""One contract suite for every phase-2 ``Target``: the in-memory one the unit tests
+use and the real Delta target (staged parquet files, read back with delta-rs).
+Then what only the Delta target checks before a record is written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from support import MemoryTarget
+
+from pyspark_txn.errors import CheckpointMismatchError, ConfigError, CorruptSnapshotError
+from pyspark_txn.sinks.delta import DeltaSinkOptions
+from pyspark_txn.sinks.delta_target import check_writable_schema, schema_to_b64
+from pyspark_txn.sinks.staging import stage_partition
+from pyspark_txn.state import SnapshotKind, SnapshotRecord, TxnHandle, new_token
+
+SINK = "sink-a"
+SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.string())])
+
+
+class Stager:
+    """Stages ``rows`` for one attempt on either target; returns the txn handles."""
+
+    def __init__(self, kind, tmp_path):
+        self.kind = kind
+        self.uri = str(tmp_path / "table")
+        if kind == "memory":
+            self.target = MemoryTarget()
+        else:
+            opts = DeltaSinkOptions.parse(
+                {"path": self.uri, "checkpointLocation": "/unused", "sinkId": SINK}
+            )
+            self.staging = opts.staging()
+            self.target = opts.target()
+
+    def stage(self, sid, token, ids, partition=0):
+        if self.kind == "memory":
+            handle = f"{sid}-{token}-{partition}"
+            self.target.stage(sid, token, handle, ids)
+            return [TxnHandle(partition, handle, len(ids), 1, "crc32:0")]
+        batch = pa.record_batch(
+            [pa.array(ids, pa.int64()), pa.array([str(i) for i in ids])], schema=SCHEMA
+        )
+        return stage_partition([batch], self.staging, sid, token, partition, SCHEMA)
+
+    def record(self, sid, token, batch, txns, **kw):
+        base = None if self.kind == "memory" else self.target.base_version()
+        return SnapshotRecord(
+            sink_id=SINK,
+            snapshot_id=sid,
+            batch_id=batch,
+            epoch=1,
+            kind=SnapshotKind.AUTOMATIC,
+            txns=tuple(txns),
+            target={"arrow_schema": schema_to_b64(SCHEMA), "base_version": base},
+            token=token,
+            **kw,
+        )
+
+    def rows(self):
+        if self.kind == "memory":
+            return sorted(self.target.rows)
+        return sorted(DeltaTable(self.uri).to_pyarrow_table().column("id").to_pylist())
+
+
+@pytest.fixture(params=["memory", "delta"])
+def stager(request, tmp_path):
+    return Stager(request.param, tmp_path)
+
+
+def test_commit_is_idempotent_and_versions_count(stager):
+    tok = new_token()
+    rec = stager.record(0, tok, 0, stager.stage(0, tok, [1, 2, 3]))
+    v0 = stager.target.commit(rec)
+    assert stager.target.commit(rec) == v0  # a replay finds its own commit
+    assert stager.target.committed_batch(SINK) == 0
+    assert stager.rows() == [1, 2, 3]
+
+
+def test_a_commit_of_another_sink_with_the_same_id_is_not_taken_for_ours(stager):
+    """Two queries write as one sink id: the app transaction says "batch 1 done", but
+    the commit carrying it is not this record's: refuse instead of losing the batch."""
+    t1, t2 = new_token(), new_token()
+    theirs = stager.record(0, t1, 1, stager.stage(0, t1, [1]))
+    ours = stager.record(0, t2, 1, stager.stage(0, t2, [2]))
+    stager.target.commit(theirs)
+    with pytest.raises(CheckpointMismatchError):
+        stager.target.commit(ours)
+    assert stager.rows() == [1]
+
+
+def test_staged_attempts_discard_and_keep(stager):
+    t1, t2 = new_token(), new_token()
+    h1 = stager.stage(5, t1, [1, 2], partition=0) + stager.stage(5, t1, [3], partition=1)
+    stager.stage(6, t2, [4])
+    assert stager.target.staged_attempts() == {(5, t1), (6, t2)}
+    stager.target.discard(5, t1, keep=[h1[0].handle])
+    stager.target.verify_staged(5, t1, h1[:1])
+    with pytest.raises(CorruptSnapshotError):
+        stager.target.verify_staged(5, t1, h1)
+    stager.target.discard(6, t2)
+    assert stager.target.staged_attempts() == {(5, t1)}
+    stager.target.discard(6, t2)  # idempotent
+
+
+def test_same_snapshot_id_other_token_is_another_attempt(stager):
+    t1, t2 = new_token(), new_token()
+    stager.stage(3, t1, [1])
+    h2 = stager.stage(3, t2, [2])
+    stager.target.discard(3, t1)
+    stager.target.verify_staged(3, t2, h2)
+
+
+# --- the Delta target's checks before the record ---------------------------------------
+
+
+@pytest.fixture
+def delta(tmp_path):
+    return Stager("delta", tmp_path)
+
+
+def test_footer_row_counts_are_checked(delta):
+    tok = new_token()
+    (h,) = delta.stage(0, tok, [1, 2, 3])
+    lying = TxnHandle(h.partition, h.handle, h.rows + 1, h.bytes, h.checksum, h.meta)
+    with pytest.raises(CorruptSnapshotError, match="footer says 3"):
+        delta.target.verify_staged(0, tok, [lying])
+
+
+def _table_with(uri, schema, **kw):
+    write_deltalake(uri, pa.Table.from_pylist([], schema=schema), **kw)
+
+
+def test_nulls_into_a_not_null_column_are_refused_before_the_record(delta):
+    strict = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
+    _table_with(delta.uri, strict)
+    tok = new_token()
+    txns = delta.stage(0, tok, [1, 2])
+    delta.target.preflight(delta.record(0, tok, 0, txns))  # no nulls: fine
+    stats = json.loads(txns[0].meta["stats"])
+    stats["nullCount"]["id"] = 1
+    nully = TxnHandle(
+        0, txns[0].handle, 2, txns[0].bytes, "c", {**txns[0].meta, "stats": json.dumps(stats)}
+    )
+    with pytest.raises(ConfigError, match="NOT NULL"):
+        delta.target.preflight(delta.record(0, tok, 0, [nully]))
+
+
+def test_check_constraints_are_refused(delta):
+    _table_with(delta.uri, SCHEMA)
+    DeltaTable(delta.uri).alter.add_constraint({"id_positive": "id > 0"})
+    tok = new_token()
+    rec = delta.record(0, tok, 0, delta.stage(0, tok, [1]))
+    with pytest.raises(ConfigError, match="CHECK constraints"):
+        delta.target.preflight(rec)
+
+
+@pytest.mark.parametrize(
+    "schema, message",
+    [
+        (pa.schema([("a", pa.int64()), ("A", pa.int64())]), "differ only by case"),
+        (pa.schema([("gap", pa.duration("us"))]), "'gap'.*cannot store"),
+        (pa.schema([("nothing", pa.null())]), "NULL"),
+        (pa.schema([("s", pa.struct([("n", pa.null())]))]), "NULL"),
+    ],
+)
+def test_schemas_delta_cannot_store_are_refused(schema, message):
+    with pytest.raises(ConfigError, match=message):
+        check_writable_schema(schema)
+
+
+def test_late_files_in_a_recorded_attempt_go_at_the_next_batch(tmp_path):
+    """A speculative task writes into batch 0's folder after its phase 2: the file is
+    in no record and never in the Delta log; the next batch's phase 2 removes it."""
+    uri = str(tmp_path / "table")
+    opts = DeltaSinkOptions.parse({"path": uri, "checkpointLocation": str(tmp_path / "chk")})
+    committer = opts.committer()
+    opts.record_store().log.create_if_missing()
+    meta = {"arrow_schema": schema_to_b64(SCHEMA), "uri": uri}
+
+    def batch(b, ids):
+        sid, tok = committer.allocate()
+        arrays = [pa.array(ids, pa.int64()), pa.array([str(i) for i in ids])]
+        txns = stage_partition(
+            [pa.record_batch(arrays, schema=SCHEMA)], opts.staging(), sid, tok, 0, SCHEMA
+        )
+        committer.commit(
+            b,
+            sid,
+            tok,
+            txns,
+            run_id="r",
+            query_id="q",
+            target_meta={**meta, "base_version": committer.target.base_version()},
+        )
+        return sid, tok, txns
+
+    sid, tok, txns = batch(0, [1, 2])
+    late = os.path.join(uri, os.path.dirname(txns[0].handle), "part-late.parquet")
+    with open(late, "wb") as f:
+        f.write(b"late")
+    batch(1, [3])
+    assert not os.path.exists(late)
+    assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == [1, 2, 3]
+    # a late file into an aborted attempt: gone at the next sweep after a gap
+    sid, tok = committer.allocate()
+    committer.abort(sid, tok)
+    zombie = os.path.join(uri, "txn-staged", opts.sink_id, f"{sid:012d}-{tok}", "part-z.parquet")
+    os.makedirs(os.path.dirname(zombie))
+    with open(zombie, "wb") as f:
+        f.write(b"zombie")
+    batch(2, [4])
+    assert not os.path.exists(zombie)
+    assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == [1, 2, 3, 4]

@@ -1,0 +1,59 @@
+"""Sink options and the sink id kept in the checkpoint (plain files, no Spark)."""
+
+import shutil
+
+import pytest
+
+from pyspark_txn.checkpoint import persisted_sink_id
+from pyspark_txn.errors import ConfigError
+from pyspark_txn.sinks.delta import DeltaSinkOptions
+
+
+@pytest.mark.parametrize("records", ["{t}", "{t}/records", "{t}/../t/_records"])
+def test_record_table_overlapping_the_target_is_refused(tmp_path, records):
+    t = str(tmp_path / "t")
+    with pytest.raises(ConfigError, match="recordTable=.*overlap"):
+        DeltaSinkOptions.parse(
+            {
+                "path": t,
+                "checkpointLocation": str(tmp_path / "c"),
+                "recordTable": records.format(t=t),
+            }
+        )
+
+
+def test_target_inside_the_record_table_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="overlap"):
+        DeltaSinkOptions.parse(
+            {
+                "path": str(tmp_path / "r" / "t"),
+                "checkpointLocation": str(tmp_path / "c"),
+                "recordTable": str(tmp_path / "r"),
+            }
+        )
+
+
+def test_missing_checkpoint_says_what_to_set():
+    with pytest.raises(ConfigError, match="spark.sql.streaming.checkpointLocation"):
+        DeltaSinkOptions.parse({"path": "/t"})
+
+
+def test_sink_id_is_kept_in_the_checkpoint_and_travels_with_it(tmp_path):
+    chk = str(tmp_path / "chk")
+    first = DeltaSinkOptions.parse({"path": "/t", "checkpointLocation": chk})
+    kept = first.with_checkpoint_sink_id().sink_id
+    assert kept == first.sink_id
+    # the same checkpoint spelled another way, and a copy of it: the kept id wins
+    spelled = DeltaSinkOptions.parse({"path": "/t", "checkpointLocation": f"file://{chk}/"})
+    assert spelled.with_checkpoint_sink_id().sink_id == kept
+    shutil.copytree(chk, tmp_path / "copy")
+    copy = DeltaSinkOptions.parse({"path": "/t", "checkpointLocation": str(tmp_path / "copy")})
+    assert copy.sink_id != kept and copy.with_checkpoint_sink_id().sink_id == kept
+
+
+def test_explicit_sink_id_is_kept_and_may_not_change(tmp_path):
+    chk = str(tmp_path / "chk")
+    assert persisted_sink_id(chk, "txn-derived", "orders") == "orders"
+    assert persisted_sink_id(chk, "txn-derived") == "orders"
+    with pytest.raises(ConfigError, match="sinkId='other'.*belongs to sink 'orders'"):
+        persisted_sink_id(chk, "txn-derived", "other")
