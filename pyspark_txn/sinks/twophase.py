@@ -1,7 +1,8 @@
 """The two-phase commit protocol of one sink, independent of Spark and of the target.
 
-``begin_run`` and ``allocate`` run on the driver before any task stages data;
-``commit`` and ``abort`` run where Spark calls the writer's commit/abort. All
+``allocate`` runs where Spark plans a batch, before any task stages data;
+``commit`` and ``abort`` run where Spark calls the writer's commit/abort (the
+first commit of a new Spark run takes the sink's epoch and recovers). All
 IO goes through a :class:`RecordStore` and a :class:`Target`, so the same code
 is driven by Spark in production and by plain tests with in-memory parts.
 """
