@@ -155,14 +155,12 @@ class TwoPhaseCommitter:
         """
         state = self.load()
         if run_id is not None:
-            takeover = take_over(state, run_id, snapshot_id, query_id, query_name)
-            if takeover is not None:
-                event, state = self._update(
-                    lambda s: take_over(s, run_id, snapshot_id, query_id, query_name), state
-                )
-                if event is not None:
-                    log.info("sink %s: run %s took epoch %d", self.sink_id, run_id, event.epoch)
-                    state = self._recover(state, query_id)
+            event, state = self._update(
+                lambda s: take_over(s, run_id, snapshot_id, query_id, query_name), state
+            )
+            if event is not None:
+                log.info("sink %s: run %s took epoch %d", self.sink_id, run_id, event.epoch)
+                state = self._recover(state, query_id)
         decision = decide(state, batch_id, snapshot_id, state.epoch, query_id, source_offsets)
         if isinstance(decision, Replay):
             # A replayed batch: decided before. Phase 2 again "just in case"
@@ -209,7 +207,7 @@ class TwoPhaseCommitter:
         _, state = self._update(lambda s: record_snapshot(s, record), state)
         self.faults.hit("after_record", batch_id)
         state = self._phase2(state, record)
-        if state_gap(previous, snapshot_id) or snapshot_id % self.sweep_every == 0:
+        if _skipped_ids(previous, snapshot_id) or snapshot_id % self.sweep_every == 0:
             # Attempts allocated since the last record died with this one (or
             # it is time for the periodic sweep that catches files written late
             # into dead attempts). Only provably dead attempts go.
@@ -323,7 +321,7 @@ class TwoPhaseCommitter:
         return state
 
 
-def state_gap(previous: SnapshotRecord | None, snapshot_id: int) -> bool:
+def _skipped_ids(previous: SnapshotRecord | None, snapshot_id: int) -> bool:
     """Whether ids were allocated between the previous record and ``snapshot_id``."""
     return (previous.snapshot_id if previous else -1) + 1 < snapshot_id
 

@@ -16,9 +16,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from support import MemoryTarget
 
-from pyspark_txn.errors import FencedError, ProtocolViolation
+from pyspark_txn.errors import CorruptSnapshotError, FencedError, ProtocolViolation
 from pyspark_txn.sinks.twophase import TwoPhaseCommitter
-from pyspark_txn.state import MemoryEventLog, RecordStore, TxnHandle, check_invariants
+from pyspark_txn.state import (
+    MemoryEventLog,
+    RecordStore,
+    TxnHandle,
+    check_invariants,
+    dead_snapshots,
+)
 
 SINK = "sink"
 ROWS = 3
@@ -31,6 +37,7 @@ class Run:
     attempt: tuple[int, str] | None = None
     batch: int | None = None
     txns: list = field(default_factory=list)
+    rows: list = field(default_factory=list)
 
 
 class InterleavedRuns(RuleBasedStateMachine):
@@ -57,7 +64,7 @@ class InterleavedRuns(RuleBasedStateMachine):
         run = self.runs[i]
         run.attempt = self.committer.allocate()
         run.batch = self.spark_committed + 1
-        run.txns = []
+        run.txns, run.rows = [], []
 
     @rule(i=st.integers(0, 1), partitions=st.integers(1, 2))
     def stage(self, i, partitions):
@@ -68,6 +75,7 @@ class InterleavedRuns(RuleBasedStateMachine):
             handle = f"{run.run_id}-s{run.attempt[0]}-p{p}-{uuid.uuid4().hex[:4]}"
             rows = [run.batch * ROWS + r for r in range(ROWS)][p::partitions]
             self.target.stage(*run.attempt, handle, rows)
+            run.rows += rows
             run.txns.append(TxnHandle(p, handle, len(rows), 1, "crc32:0"))
 
     @rule(i=st.integers(0, 1))
@@ -75,8 +83,7 @@ class InterleavedRuns(RuleBasedStateMachine):
         run = self.runs[i]
         if run.attempt is None:
             return
-        rows = sorted(r for t in run.txns for r in self.target.staged[run.attempt][t.handle])
-        if rows != list(range(run.batch * ROWS, (run.batch + 1) * ROWS)):
+        if sorted(run.rows) != list(range(run.batch * ROWS, (run.batch + 1) * ROWS)):
             return  # Spark commits only when every task of the batch succeeded
         try:
             self.committer.commit(
@@ -87,6 +94,12 @@ class InterleavedRuns(RuleBasedStateMachine):
                 query_id="q",
                 source_offsets=[run.batch],
             )
+        except CorruptSnapshotError:
+            # its files were swept: only allowed if the attempt was provably dead
+            state = self.store.load_sink(SINK)
+            assert dead_snapshots(state, [run.attempt]) == {run.attempt}
+            self.restart(i)
+            return
         except (FencedError, ProtocolViolation):
             self.committer.abort(*run.attempt)  # the query fails; Spark aborts
             self.restart(i)
