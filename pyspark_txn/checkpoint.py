@@ -48,8 +48,22 @@ def read_batch_offsets(checkpoint: str, batch_id: int, fs_options=None) -> list[
 SINK_FILE = ("pyspark_txn", "sink.json")
 
 
+def read_sink_file(checkpoint: str, fs_options=None) -> dict[str, Any] | None:
+    """What ``<checkpoint>/pyspark_txn/sink.json`` keeps (sink id, record table), or None."""
+    fs, root = _fs.filesystem(checkpoint, fs_options)
+    path = _fs.join(root, *SINK_FILE)
+    if not fs.exists(path):
+        return None
+    with fs.open(path, "r") as f:
+        return json.load(f)
+
+
 def persisted_sink_id(
-    checkpoint: str, derived: str, explicit: str | None = None, fs_options=None
+    checkpoint: str,
+    derived: str,
+    explicit: str | None = None,
+    fs_options=None,
+    record_table: str | None = None,
 ) -> str:
     """The sink id kept inside the checkpoint, written there on first use.
 
@@ -57,29 +71,28 @@ def persisted_sink_id(
     same location spelled another way (``s3://`` vs ``s3a://``, a trailing
     slash, a relative path), keeps its sink and so its history. ``derived`` is
     used on first use when no ``explicit`` id is given; an explicit id that
-    differs from the kept one is refused.
+    differs from the kept one is refused. The record table's URI is kept too,
+    so tools find a sink's history from its checkpoint alone.
     """
-    fs, root = _fs.filesystem(checkpoint, fs_options)
-    path = _fs.join(root, *SINK_FILE)
-    if fs.exists(path):
-        with fs.open(path, "r") as f:
-            kept = json.load(f)["sink_id"]
-        if explicit is not None and explicit != kept:
+    kept = read_sink_file(checkpoint, fs_options)
+    if kept is not None:
+        if explicit is not None and explicit != kept["sink_id"]:
             raise ConfigError(
                 f"option sinkId={explicit!r}, but the checkpoint {checkpoint} belongs to sink "
-                f"{kept!r} ({_fs.join(checkpoint, *SINK_FILE)}); a checkpoint's sink id never "
-                "changes. Drop the option, or start the query with a new checkpoint."
+                f"{kept['sink_id']!r} ({_fs.join(checkpoint, *SINK_FILE)}); a checkpoint's sink "
+                "id never changes. Drop the option, or start the query with a new checkpoint."
             )
-        return kept
-    sink_id = explicit or derived
+        return kept["sink_id"]
+    fs, root = _fs.filesystem(checkpoint, fs_options)
+    path = _fs.join(root, *SINK_FILE)
     fs.makedirs(_fs.join(root, SINK_FILE[0]), exist_ok=True)
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    content = {"sink_id": explicit or derived, "record_table": record_table, "format_version": 1}
     with fs.open(tmp, "w") as f:
-        json.dump({"sink_id": sink_id, "format_version": 1}, f)
+        json.dump(content, f)
     try:
         fs.mv(tmp, path)
     except Exception:
         fs.rm(tmp)
         raise
-    with fs.open(path, "r") as f:  # a racing first use wrote its own: the file decides
-        return json.load(f)["sink_id"]
+    return read_sink_file(checkpoint, fs_options)["sink_id"]  # a racing first use: the file decides

@@ -3,37 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import shlex
 import shutil
 import sys
 
-from . import _fs
+from . import admin
 from .errors import TxnError
-
-
-def _record_table(location: str) -> str:
-    """Accept a checkpoint location or a record table URI."""
-    uri = _fs.normalize_uri(location)
-    candidate = _fs.join(uri, "pyspark_txn", "records")
-    from deltalake import DeltaTable
-
-    if DeltaTable.is_deltatable(candidate):
-        return candidate
-    if DeltaTable.is_deltatable(uri):
-        return uri
-    raise TxnError(f"no record table at {location} (nor at {candidate})")
 
 
 def _print_records(record_table: str, sink: str | None = None) -> None:
     from .state import DeltaEventLog, RecordStore
 
     store = RecordStore(DeltaEventLog(record_table))
-    sinks = [sink] if sink else [s for s in store.log.streams()]
-    for sink_id in sinks:
+    for sink_id in [sink] if sink else admin.sink_streams(store):
         events = store.events(sink_id)
-        if events and events[0].kind.value in ("claim", "acked"):
-            continue
         state = store.load_sink(sink_id)
         rec = state.execution_record
         print(f"sink {sink_id}")
@@ -56,6 +42,8 @@ def _print_records(record_table: str, sink: str | None = None) -> None:
                 detail = f"target version {e.payload.get('target_version')}"
             elif e.kind.value == "epoch":
                 detail = f"run {e.payload.get('owner')}"
+            elif e.kind.value == "abandoned":
+                detail = f"reason: {e.payload.get('reason')}"
             print(
                 f"  {e.seq:>4} {e.kind.value:<10} {e.epoch:>5} "
                 f"{'' if e.snapshot_id is None else e.snapshot_id:>8} "
@@ -64,8 +52,147 @@ def _print_records(record_table: str, sink: str | None = None) -> None:
 
 
 def cmd_records(args: argparse.Namespace) -> int:
-    _print_records(_record_table(args.location), args.sink)
+    record_table, _ = admin.find_record_table(args.location)
+    _print_records(record_table, args.sink)
     return 0
+
+
+def _describe(status: admin.SnapshotStatus) -> list[str]:
+    d = status.to_json()
+    lines = [f"snapshot {d['snapshot_id']} of sink {d['sink_id']}: {d['state']}"]
+    if status.record is not None:
+        lines.append(
+            f"  batch {d['batch_id']}, {d['rows']} rows in {d['files']} files "
+            f"({d['bytes']} bytes), recorded {d['created_at']} by run {d['run_id']}"
+        )
+        if d["target_error"]:
+            lines.append(f"  target: cannot be read: {d['target_error']}")
+        else:
+            lines.append(f"  target holds this sink's batches up to {d['target_batch']}")
+    return lines
+
+
+def cmd_stuck(args: argparse.Namespace) -> int:
+    handle = admin.open_sink(args.location, args.sink)
+    stuck = admin.stuck_snapshots(handle)
+    if args.json:
+        out = {
+            "sink_id": handle.sink_id,
+            "record_table": handle.record_table,
+            "target_uri": handle.target_uri,
+            "stuck": [s.to_json() for s in stuck],
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    if not stuck:
+        print(f"sink {handle.sink_id}: no stuck snapshots")
+        return 0
+    print(f"sink {handle.sink_id}: {len(stuck)} snapshot record(s) whose phase 2 never completed")
+    print(f"  target {handle.target_uri}")
+    for status in stuck:
+        print()
+        print("\n".join(_describe(status)))
+        if status.refusal is None:
+            print(
+                "  if phase 2 can no longer succeed (files lost, target dropped or altered), "
+                "withdraw it and restart the query:"
+            )
+            print(
+                f"    pyspark-txn abandon {shlex.quote(args.location)} "
+                f"--snapshot {status.snapshot_id} --sink {handle.sink_id}"
+            )
+            print("  otherwise restarting the query finishes it")
+        else:
+            print(f"  not abandonable: {status.refusal}")
+    return 0
+
+
+def cmd_abandon(args: argparse.Namespace) -> int:
+    handle = admin.open_sink(args.location, args.sink)
+    status = admin.snapshot_status(handle, args.snapshot)
+    print("\n".join(_describe(status)))
+    if status.state == "abandoned":
+        print("nothing to do: it is already abandoned")
+        return 0
+    if status.refusal is not None:
+        print(
+            f"pyspark-txn: error: snapshot {args.snapshot} cannot be abandoned: {status.refusal}",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(
+                "pyspark-txn: error: abandon asks for confirmation, but stdin is not a "
+                "terminal; pass --yes to abandon without asking",
+                file=sys.stderr,
+            )
+            return 2
+        answer = input(
+            f"Abandon snapshot {args.snapshot}? Its staged files are deleted and it can never "
+            "be committed. [y/N] "
+        )
+        if answer.strip().lower() not in ("y", "yes"):
+            print("not abandoned")
+            return 1
+    admin.abandon_snapshot(handle, args.snapshot, args.reason)
+    print(f"snapshot {args.snapshot} of sink {handle.sink_id} is abandoned.")
+    if status.record is not None:
+        print(
+            f"Restart the query: Spark replays batch {status.record.batch_id} and it is "
+            "decided anew under a new snapshot id."
+        )
+    return 0
+
+
+def _progress_bar():
+    """A tqdm progress callback when tqdm is installed and stderr is a terminal."""
+    if not sys.stderr.isatty():
+        return None, lambda: None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None, lambda: None
+    bars: list = []  # made at the first call, when the total is known
+
+    def progress(done: int, total: int) -> None:
+        if not bars:
+            bars.append(
+                tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr)
+            )
+        bars[0].update(done - bars[0].n)
+
+    def close() -> None:
+        if bars:
+            bars[0].close()
+
+    return progress, close
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    handle = admin.open_sink(args.location, args.sink)
+    progress, close = _progress_bar()
+    try:
+        report = admin.verify(handle, progress)
+    finally:
+        close()
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0 if report.ok else 1
+    files = sum(s.files for s in report.snapshots)
+    print(
+        f"sink {report.sink_id}: {len(report.snapshots)} live snapshot records, {files} files "
+        f"in {report.target_uri}"
+    )
+    for sid, p in report.problems:
+        print(f"  {p.severity}: snapshot {sid}: {p.handle}: {p.message}")
+    errors, warnings = len(report.errors), len(report.warnings)
+    print(
+        "OK" + (f" ({warnings} warnings)" if warnings else "")
+        if report.ok
+        else f"{errors} problems found" + (f", {warnings} warnings" if warnings else "")
+    )
+    return 0 if report.ok else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -104,7 +231,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"table version {dt.version()}"
     )
     print("\n2. The record table (snapshot records written before each commit):")
-    _print_records(_record_table(checkpoint))
+    _print_records(admin.find_record_table(checkpoint)[0])
 
     last = max(int(n) for n in os.listdir(os.path.join(checkpoint, "commits")) if n.isdigit())
     for name in (str(last), f".{last}.crc"):  # Hadoop keeps a checksum file beside it
@@ -115,13 +242,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"\n3. Replay: deleted Spark's commit log of batch {last}, as if the driver died "
         "right after our commit; restarting the query ..."
     )
-    from .state import DeltaEventLog, RecordStore
-
-    store = RecordStore(DeltaEventLog(_record_table(checkpoint)))
-    (sink_id,) = store.log.streams()
-    seen = len(store.events(sink_id))
+    handle = admin.open_sink(checkpoint)
+    store = handle.record_store()
+    seen = len(store.events(handle.sink_id))
     run()
-    new = [f"{e.kind.value}(snapshot={e.snapshot_id})" for e in store.events(sink_id)[seen:]]
+    new = [f"{e.kind.value}(snapshot={e.snapshot_id})" for e in store.events(handle.sink_id)[seen:]]
     dt = DeltaTable(target)
     again = dt.to_pyarrow_table().num_rows
     print(f"   Spark ran batch {last} again. New record events: {', '.join(new)}:")
@@ -133,6 +258,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if again == args.rows else 1
 
 
+LOCATION_HELP = "checkpoint location, or record table URI"
+SINK_HELP = "sink id (default: the checkpoint's kept sink id, or the record table's only sink)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyspark-txn", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log protocol steps")
@@ -142,9 +271,53 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=10_000, help="rows to stream (default 10000)")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("records", help="show a sink's execution record and record events")
-    p.add_argument("location", help="checkpoint location or record table URI")
+    p.add_argument("location", help=LOCATION_HELP)
     p.add_argument("--sink", help="only this sink id")
     p.set_defaults(func=cmd_records)
+    p = sub.add_parser(
+        "stuck",
+        help="list snapshot records whose phase 2 never completed",
+        description="List the sink's safe snapshot records whose phase 2 was never "
+        "confirmed, with what the target holds. Restarting the query finishes them; one "
+        "whose phase 2 can no longer succeed is withdrawn with `pyspark-txn abandon`. A "
+        "running query shows its current batch here for a moment.",
+    )
+    p.add_argument("location", help=LOCATION_HELP)
+    p.add_argument("--sink", help=SINK_HELP)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_stuck)
+    p = sub.add_parser(
+        "abandon",
+        help="withdraw a stuck snapshot record (or an open allocation)",
+        description="Withdraw a snapshot record whose phase 2 can never succeed, or an open "
+        "allocation: append an `abandoned` event and delete its staged files. Refused for a "
+        "committed snapshot, a record that is not the last one, and a batch the target "
+        "already holds. Stop the query first. Afterwards restart it: Spark replays the "
+        "batch and it is decided anew under a new snapshot id.",
+        epilog="exit status: 0 abandoned (or already abandoned), 1 declined at the prompt, "
+        "2 refused or error (also: no terminal to confirm on and no --yes)",
+    )
+    p.add_argument("location", help=LOCATION_HELP)
+    p.add_argument("--snapshot", type=int, required=True, help="the snapshot id to abandon")
+    p.add_argument("--sink", help=SINK_HELP)
+    p.add_argument(
+        "--reason", default="abandoned by an operator", help="kept in the abandoned event"
+    )
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(func=cmd_abandon)
+    p = sub.add_parser(
+        "verify",
+        help="re-read every file a live snapshot record names; check sizes and CRC32s",
+        description="Re-read every file named by a live (not abandoned) snapshot record of "
+        "the sink and check it exists with the recorded size and CRC32. A committed "
+        "record's file that is no longer in the target's current version (a later delete "
+        "or vacuum) is a warning, not an error.",
+        epilog="exit status: 0 all files OK (warnings allowed), 1 problems found, 2 error",
+    )
+    p.add_argument("location", help=LOCATION_HELP)
+    p.add_argument("--sink", help=SINK_HELP)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_verify)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

@@ -193,6 +193,7 @@ class DeltaSinkOptions:
             self.sink_id,
             self.sink_id if self.explicit_sink_id else None,
             dict(self.fs_options),
+            record_table=self.record_table,
         )
         return replace(self, sink_id=sink_id)
 

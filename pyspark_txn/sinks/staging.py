@@ -1,7 +1,7 @@
 """Phase 1 for Delta targets: stage a partition's rows as parquet files.
 
 Staged files live inside the table directory under
-``txn-staged/<sink id>/<snapshot id>/``: invisible to readers until phase 2
+``txn-staged/<sink id>/<snapshot id>-<token>/``: invisible to readers until phase 2
 adds them to the Delta log, removable by anyone who knows the snapshot id,
 and (no leading underscore) cleaned by VACUUM if ever left behind.
 

@@ -1,0 +1,441 @@
+"""``pyspark_txn.admin`` and the ``pyspark-txn stuck|abandon|verify`` commands, on real
+Delta tables (delta-rs) in tmp dirs. A sink's history is made by driving the real
+protocol without Spark: allocate, stage parquet files, commit; faults are injected
+at protocol steps or by changing files behind the sink's back."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from dataclasses import replace
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from pyspark_txn import admin, cli
+from pyspark_txn.errors import ConfigError, CorruptSnapshotError, TxnError
+from pyspark_txn.faults import FaultPlan, InjectedFault
+from pyspark_txn.sinks.delta import DeltaSinkOptions
+from pyspark_txn.sinks.delta_target import schema_to_b64
+from pyspark_txn.sinks.staging import STAGING_ROOT, snapshot_dir, stage_partition
+
+SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.string())])
+
+
+class SinkDriver:
+    """One txn-delta sink driven like Spark would: allocate, stage, commit."""
+
+    def __init__(self, tmp_path, name="a", **options):
+        self.tmp_path = tmp_path
+        self.target = str(tmp_path / f"table-{name}")
+        self.chk = str(tmp_path / f"chk-{name}")
+        opts = DeltaSinkOptions.parse(
+            {"path": self.target, "checkpointLocation": self.chk, **options}
+        )
+        self.opts = opts.with_checkpoint_sink_id()  # writes <chk>/pyspark_txn/sink.json
+        self.opts.record_store().log.create_if_missing()
+
+    @property
+    def sink_id(self):
+        return self.opts.sink_id
+
+    def committer(self, faults=None):
+        return replace(self.opts, faults=FaultPlan.parse(faults)).committer()
+
+    def batch(self, batch_id, ids, *, faults=None, run_id="run-1"):
+        """Stage ``ids`` under a new allocation and commit them as ``batch_id``."""
+        committer = self.committer(faults)
+        snapshot_id, token = committer.allocate()
+        rows = pa.record_batch(
+            [pa.array(ids, pa.int64()), pa.array([f"v{i}" for i in ids])], schema=SCHEMA
+        )
+        handles = stage_partition([rows], self.opts.staging(), snapshot_id, token, 0, SCHEMA)
+        return committer.commit(
+            batch_id,
+            snapshot_id,
+            token,
+            handles,
+            run_id=run_id,
+            query_id="q",
+            target_meta={
+                "uri": self.opts.path,
+                "arrow_schema": schema_to_b64(SCHEMA),
+                "partition_by": list(self.opts.partition_by),
+                "merge_schema": False,
+                "base_version": committer.target.base_version(),
+            },
+        )
+
+    def record(self, snapshot_id):
+        return self.opts.record_store().load_sink(self.sink_id).record_for_snapshot(snapshot_id)
+
+    def path(self, handle):
+        return os.path.join(self.target, handle)
+
+    def staged_dir(self, rec):
+        return os.path.join(self.target, snapshot_dir(self.sink_id, rec.snapshot_id, rec.token))
+
+    def ids(self):
+        return sorted(DeltaTable(self.target).to_pyarrow_table().column("id").to_pylist())
+
+    def handle(self):
+        return admin.open_sink(self.chk)
+
+
+def stuck_after_record(sink, batch_id, ids):
+    """Batch ``batch_id`` is recorded (safe), but the driver died before phase 2."""
+    with pytest.raises(InjectedFault):
+        sink.batch(batch_id, ids, faults=f"after_record:raise@batch={batch_id}")
+    state = sink.opts.record_store().load_sink(sink.sink_id)
+    return state.last_record
+
+
+@pytest.fixture
+def sink(tmp_path):
+    s = SinkDriver(tmp_path)
+    s.batch(0, list(range(0, 10)))
+    s.batch(1, list(range(10, 20)))
+    return s
+
+
+def run_cli(capsys, *argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+class FakeTty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+# --- open_sink ----------------------------------------------------------------------------
+
+
+def test_open_sink_from_checkpoint_and_from_record_table(sink):
+    h = admin.open_sink(sink.chk)
+    assert h.sink_id == sink.sink_id
+    assert h.record_table == os.path.join(sink.chk, "pyspark_txn", "records")
+    assert h.target_uri == sink.target
+    assert h.checkpoint == sink.chk
+    assert h.partition_by == ()
+    assert h.target().committed_batch(h.sink_id) == 1
+    assert h.committer().load().snapshot_id == 1
+
+    direct = admin.open_sink(h.record_table)
+    assert (direct.sink_id, direct.target_uri, direct.checkpoint) == (
+        h.sink_id,
+        h.target_uri,
+        sink.chk,
+    )
+
+
+def test_open_sink_with_several_sinks_names_them_and_skips_offset_logs(tmp_path):
+    records = str(tmp_path / "shared-records")
+    a = SinkDriver(tmp_path, "a", recordTable=records, sinkId="sink-a")
+    b = SinkDriver(tmp_path, "b", recordTable=records, sinkId="sink-b")
+    a.batch(0, [1, 2])
+    b.batch(0, [3])
+    a.opts.record_store().claim("source-x", ["m1", "m2"])  # an offset-log stream
+
+    with pytest.raises(ConfigError, match="several sinks: sink-a, sink-b"):
+        admin.open_sink(records)
+    assert admin.open_sink(records, "sink-b").target_uri == b.target
+    with pytest.raises(ConfigError, match="no sink 'source-x'"):
+        admin.open_sink(records, "source-x")
+    # A custom recordTable lives outside the checkpoint: sink.json says where.
+    handle = admin.open_sink(a.chk)
+    assert (handle.sink_id, handle.record_table) == ("sink-a", records)
+    assert admin.kept_sink_id(a.chk) == "sink-a"
+
+
+def test_open_sink_skips_an_offset_log_stream(tmp_path):
+    records = str(tmp_path / "records")
+    s = SinkDriver(tmp_path, "a", recordTable=records, sinkId="only-sink")
+    s.batch(0, [1])
+    s.opts.record_store().claim("source-x", ["m1"])
+    assert admin.sink_streams(s.opts.record_store()) == ["only-sink"]
+    assert admin.open_sink(records).sink_id == "only-sink"
+
+
+def test_open_sink_refuses_a_location_without_a_record_table(tmp_path):
+    with pytest.raises(ConfigError, match="no record table"):
+        admin.open_sink(str(tmp_path / "nothing"))
+
+
+# --- stuck and abandon ----------------------------------------------------------------------
+
+
+def test_healthy_sink_has_nothing_stuck(sink):
+    assert admin.stuck_snapshots(sink.handle()) == []
+
+
+def test_stuck_record_is_listed_and_abandoned_then_the_batch_is_decided_anew(sink):
+    rec = stuck_after_record(sink, 2, list(range(20, 30)))
+    # Phase 2 can no longer succeed: one of its staged files is lost.
+    os.remove(sink.path(rec.txns[0].handle))
+    with pytest.raises(CorruptSnapshotError):  # a restart's recovery cannot finish it
+        sink.batch(2, list(range(20, 30)), run_id="run-2")
+
+    handle = sink.handle()
+    (stuck,) = admin.stuck_snapshots(handle)
+    assert stuck.record.snapshot_id == rec.snapshot_id
+    assert (stuck.state, stuck.record.batch_id, stuck.record.rows) == ("pending", 2, 10)
+    assert stuck.target_batch == 1 and not stuck.target_holds_batch
+    assert stuck.refusal is None and stuck.to_json()["abandonable"] is True
+
+    assert os.path.isdir(sink.staged_dir(rec))
+    state = admin.abandon_snapshot(handle, rec.snapshot_id, "staged file lost")
+    assert rec.snapshot_id in state.abandoned
+    assert state.last_record.snapshot_id == 1  # the record is withdrawn
+    assert not os.path.exists(sink.staged_dir(rec))
+    assert admin.stuck_snapshots(handle) == []
+    events = handle.record_store().events(sink.sink_id)
+    assert events[-1].kind.value == "abandoned"
+    assert events[-1].payload["reason"] == "staged file lost"
+    # Idempotent: abandoning it again changes nothing.
+    again = admin.abandon_snapshot(handle, rec.snapshot_id, "twice")
+    assert again.next_seq == state.next_seq
+
+    # The restart: Spark replays batch 2 under a new allocation; it is decided anew.
+    new = sink.batch(2, list(range(20, 30)), run_id="run-3")
+    assert new.snapshot_id > rec.snapshot_id and new.batch_id == 2
+    assert sink.ids() == list(range(30))  # every row exactly once
+    assert admin.stuck_snapshots(handle) == []
+    assert admin.verify(handle).ok
+
+
+def test_abandon_refuses_a_committed_snapshot(sink):
+    handle = sink.handle()
+    before = len(handle.record_store().events(sink.sink_id))
+    with pytest.raises(TxnError, match="snapshot 1 cannot be abandoned"):
+        admin.abandon_snapshot(handle, 1, "oops")
+    status = admin.snapshot_status(handle, 1)
+    assert status.state == "committed" and "committed" in status.refusal
+    assert len(handle.record_store().events(sink.sink_id)) == before
+    assert sink.ids() == list(range(20))
+
+
+def test_abandon_refuses_a_record_whose_batch_the_target_holds(sink):
+    # Phase 2 landed but the `committed` event was never written.
+    with pytest.raises(InjectedFault):
+        sink.batch(2, list(range(20, 30)), faults="after_phase2:raise@batch=2")
+    handle = sink.handle()
+    (stuck,) = admin.stuck_snapshots(handle)
+    assert stuck.record.batch_id == 2 and stuck.target_batch == 2
+    assert stuck.target_holds_batch and "already holds batch 2" in stuck.refusal
+    with pytest.raises(TxnError, match="already holds batch 2"):
+        admin.abandon_snapshot(handle, stuck.snapshot_id, "oops")
+    assert stuck.snapshot_id not in handle.load().abandoned
+
+    # What the hint says: a restart (Spark replays batch 2) writes the committed event.
+    sink.batch(2, list(range(20, 30)), run_id="run-2")
+    assert admin.stuck_snapshots(handle) == []
+    assert sink.ids() == list(range(30))
+
+
+def test_abandon_refuses_an_older_committed_record_and_an_unknown_id(sink):
+    handle = sink.handle()
+    status = admin.snapshot_status(handle, 0)
+    assert status.state == "committed" and status.refusal is not None
+    with pytest.raises(TxnError, match="target already holds batch 1 >= 0"):
+        admin.abandon_snapshot(handle, 0, "oops")
+    # Even with the target dropped (it holds nothing now), a committed record stays committed.
+    shutil.rmtree(sink.target)
+    assert admin.snapshot_status(handle, 1).target_batch is None
+    with pytest.raises(TxnError, match="committed snapshot can never be abandoned"):
+        admin.abandon_snapshot(handle, 1, "oops")
+    assert handle.load().abandoned == frozenset()
+    assert admin.snapshot_status(handle, 99).state == "unknown"
+    with pytest.raises(TxnError, match="never allocated"):
+        admin.abandon_snapshot(handle, 99, "typo")
+
+
+def test_abandon_an_open_allocation(sink):
+    committer = sink.committer()
+    sid, token = committer.allocate()
+    handle = sink.handle()
+    assert admin.snapshot_status(handle, sid).state == "allocated"
+    state = admin.abandon_snapshot(handle, sid, "planner died")
+    assert sid in state.abandoned and state.last_record.snapshot_id == 1
+    assert admin.snapshot_status(handle, sid).state == "abandoned"
+
+
+# --- verify -------------------------------------------------------------------------------
+
+
+def test_verify_is_ok_on_a_healthy_sink_and_reports_progress(sink):
+    calls = []
+    report = admin.verify(sink.handle(), lambda done, total: calls.append((done, total)))
+    assert report.ok and report.problems == []
+    assert [s.snapshot_id for s in report.snapshots] == [0, 1]
+    assert all(s.committed and s.files == 1 for s in report.snapshots)
+    total = sum(s.bytes for s in report.snapshots)
+    assert total > 0
+    assert calls[0] == (0, total) and calls[-1] == (total, total)
+    assert all(d1 <= d2 for (d1, _), (d2, _) in zip(calls, calls[1:], strict=False))
+
+
+def test_verify_reports_a_flipped_byte_and_a_missing_file(sink):
+    rec0, rec1 = sink.record(0), sink.record(1)
+    flipped = sink.path(rec0.txns[0].handle)
+    with open(flipped, "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0xFF]))
+    assert os.path.getsize(flipped) == rec0.txns[0].bytes  # same size
+    os.remove(sink.path(rec1.txns[0].handle))
+
+    report = admin.verify(sink.handle())
+    assert not report.ok
+    by_snapshot = {s.snapshot_id: s for s in report.snapshots}
+    (p0,) = by_snapshot[0].problems
+    assert (p0.severity, p0.kind, p0.handle) == ("error", "checksum", rec0.txns[0].handle)
+    assert rec0.txns[0].checksum in p0.message
+    (p1,) = by_snapshot[1].problems
+    assert (p1.severity, p1.kind, p1.handle) == ("error", "missing", rec1.txns[0].handle)
+    assert len(report.errors) == 2 and report.warnings == []
+
+
+def test_verify_checks_the_staged_files_of_a_stuck_record(sink):
+    rec = stuck_after_record(sink, 2, list(range(20, 30)))
+    assert admin.verify(sink.handle()).ok
+    with open(sink.path(rec.txns[0].handle), "ab") as f:
+        f.write(b"x")
+    report = admin.verify(sink.handle())
+    (check,) = [s for s in report.snapshots if s.snapshot_id == rec.snapshot_id]
+    assert not check.committed
+    assert [p.kind for p in check.problems] == ["size"]
+
+
+def test_verify_warns_about_files_a_later_delete_removed(sink):
+    DeltaTable(sink.target).delete("id < 10")  # rewrites/removes batch 0's file
+    report = admin.verify(sink.handle())
+    assert report.ok  # warnings only
+    kinds = {(sid, p.kind, p.severity) for sid, p in report.problems}
+    assert kinds == {(0, "not-in-table", "warning")}
+    assert "not in the current table version" in report.warnings[0][1].message
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def test_cli_stuck_text_and_json(sink, capsys):
+    code, out, _ = run_cli(capsys, "stuck", sink.chk)
+    assert code == 0 and "no stuck snapshots" in out
+
+    rec = stuck_after_record(sink, 2, list(range(20, 30)))
+    code, out, _ = run_cli(capsys, "stuck", sink.chk)
+    assert code == 0
+    assert f"snapshot {rec.snapshot_id}" in out and "batch 2, 10 rows in 1 files" in out
+    assert f"abandon {sink.chk} --snapshot {rec.snapshot_id}" in out
+
+    code, out, _ = run_cli(capsys, "stuck", sink.chk, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["sink_id"] == sink.sink_id and doc["target_uri"] == sink.target
+    (entry,) = doc["stuck"]
+    assert entry["snapshot_id"] == rec.snapshot_id and entry["batch_id"] == 2
+    assert entry["rows"] == 10 and entry["files"] == 1 and entry["target_batch"] == 1
+    assert entry["abandonable"] is True and entry["created_at"]
+
+
+def test_cli_abandon_without_yes_and_without_a_tty_refuses(sink, capsys, monkeypatch):
+    rec = stuck_after_record(sink, 2, list(range(20, 30)))
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
+    code, _, err = run_cli(capsys, "abandon", sink.chk, "--snapshot", rec.snapshot_id)
+    assert code == 2 and "--yes" in err and "not a terminal" in err
+    assert rec.snapshot_id not in sink.handle().load().abandoned
+    assert os.path.isdir(sink.staged_dir(rec))
+
+
+def test_cli_abandon_asks_and_respects_the_answer(sink, capsys, monkeypatch):
+    rec = stuck_after_record(sink, 2, list(range(20, 30)))
+    monkeypatch.setattr("sys.stdin", FakeTty("n\n"))
+    code, out, _ = run_cli(capsys, "abandon", sink.chk, "--snapshot", rec.snapshot_id)
+    assert code == 1 and "not abandoned" in out
+    assert rec.snapshot_id not in sink.handle().load().abandoned
+
+    monkeypatch.setattr("sys.stdin", FakeTty("y\n"))
+    code, out, _ = run_cli(
+        capsys, "abandon", sink.chk, "--snapshot", rec.snapshot_id, "--reason", "target dropped"
+    )
+    assert code == 0 and "is abandoned" in out and "Restart the query" in out
+    state = sink.handle().load()
+    assert rec.snapshot_id in state.abandoned
+    assert sink.handle().record_store().events(sink.sink_id)[-1].payload["reason"] == (
+        "target dropped"
+    )
+
+
+def test_cli_abandon_yes_exit_codes(sink, capsys):
+    rec = stuck_after_record(sink, 2, list(range(20, 30)))
+    code, _, err = run_cli(capsys, "abandon", sink.chk, "--snapshot", 1, "--yes")
+    assert code == 2 and "committed" in err
+    code, out, _ = run_cli(capsys, "abandon", sink.chk, "--snapshot", rec.snapshot_id, "--yes")
+    assert code == 0 and "is abandoned" in out
+    assert not os.path.exists(sink.staged_dir(rec))
+    code, out, _ = run_cli(capsys, "abandon", sink.chk, "--snapshot", rec.snapshot_id, "--yes")
+    assert code == 0 and "already abandoned" in out
+
+
+def test_cli_verify_exit_codes_and_json(sink, capsys):
+    code, out, err = run_cli(capsys, "verify", sink.chk)
+    assert code == 0 and "OK" in out and "2 live snapshot records, 2 files" in out
+    assert err == ""  # no progress bar when stderr is not a terminal
+    code, out, _ = run_cli(capsys, "verify", sink.chk, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["ok"] is True and len(doc["snapshots"]) == 2
+
+    missing = sink.record(1).txns[0].handle
+    os.remove(sink.path(missing))
+    code, out, _ = run_cli(capsys, "verify", sink.chk)
+    assert code == 1 and f"error: snapshot 1: {missing}: file is missing" in out
+    code, out, _ = run_cli(capsys, "verify", sink.chk, "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["ok"] is False
+    (bad,) = [s for s in doc["snapshots"] if not s["ok"]]
+    assert bad["snapshot_id"] == 1 and bad["problems"][0]["kind"] == "missing"
+
+
+def test_cli_several_sinks_need_sink_option(tmp_path, capsys):
+    records = str(tmp_path / "shared")
+    SinkDriver(tmp_path, "a", recordTable=records, sinkId="sink-a").batch(0, [1])
+    SinkDriver(tmp_path, "b", recordTable=records, sinkId="sink-b").batch(0, [2])
+    code, _, err = run_cli(capsys, "verify", records)
+    assert code == 2 and "sink-a, sink-b" in err
+    code, out, _ = run_cli(capsys, "verify", records, "--sink", "sink-b")
+    assert code == 0 and "sink sink-b" in out
+
+
+def test_cli_records_still_works(sink, capsys):
+    rec = stuck_after_record(sink, 2, list(range(20, 30)))
+    admin.abandon_snapshot(sink.handle(), rec.snapshot_id, "test")
+    code, out, _ = run_cli(capsys, "records", sink.chk)
+    assert code == 0 and f"sink {sink.sink_id}" in out
+    assert "last_committed_batch=1" in out and "reason: test" in out
+
+
+@pytest.mark.parametrize(
+    "command, expected",
+    [("stuck", "--json"), ("abandon", "--snapshot"), ("verify", "--json"), ("records", "--sink")],
+)
+def test_cli_help_on_each_command(capsys, command, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert f"pyspark-txn {command}" in out and expected in out
+
+
+def test_staging_root_is_where_abandon_deletes(sink):
+    # abandon deletes <table>/txn-staged/<sink>/<id>-<token>/ and nothing else there
+    rec = stuck_after_record(sink, 2, list(range(20, 30)))
+    root = os.path.join(sink.target, STAGING_ROOT, sink.sink_id)
+    before = set(os.listdir(root))
+    admin.abandon_snapshot(sink.handle(), rec.snapshot_id, "test")
+    assert before - set(os.listdir(root)) == {os.path.basename(sink.staged_dir(rec))}
+    assert sink.ids() == list(range(20))
