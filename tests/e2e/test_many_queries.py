@@ -1,0 +1,104 @@
+"""Several txn-sequence -> txn-delta queries in one driver SparkSession.
+
+Each query has its own checkpoint and target and a 1 s processing-time
+trigger; Spark plans them on a pool of Python workers, so nothing a worker
+caches may stand for "the run" of a query. Every query must keep running
+(none fenced by another's run), restarting one in the same driver must work,
+and every target must hold rows 0..n-1 exactly once.
+
+CI watches the queries for ``PYSPARK_TXN_MANY_SECONDS`` (default 25) per test,
+counted from the first batch of every query; the offline soak sets it to 180
+or more.
+"""
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+SECONDS = int(os.environ.get("PYSPARK_TXN_MANY_SECONDS", "25"))
+DRIVER = str(Path(__file__).with_name("many_driver.py"))
+MIN_ROWS = 3 * 50  # three batches of many_driver's 50 rows: the queries really ran
+# Spark starts in ~15 s here; many_driver allows 120 s for the first batches; stops take a few s
+SLACK_S = 240
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.chaos,
+    pytest.mark.timeout(SECONDS + SLACK_S + 60),
+]
+
+_LOGS = itertools.count()
+
+
+def run_driver(base: Path, queries: int, *extra: str) -> tuple[int, str]:
+    """Run many_driver.py to its end; output goes to a file so no pipe fills up."""
+    log_path = base / f"many-driver-{next(_LOGS)}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, DRIVER, str(base), str(queries), str(SECONDS), *extra],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        rc = proc.wait(timeout=SECONDS + SLACK_S)
+    except subprocess.TimeoutExpired:
+        rc = None
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the JVM and Python workers too
+        except ProcessLookupError:
+            pass
+        proc.wait(60)
+    out = log_path.read_text(errors="replace")
+    assert rc is not None, f"driver still running after {SECONDS + SLACK_S} s\n{report(out)}"
+    return rc, out
+
+
+def report(out: str) -> str:
+    """The log's distinct error lines (Spark buries them in stack traces), then its tail."""
+    errors = [line for line in out.splitlines() if "Error:" in line or " failed: " in line]
+    return "\n".join(dict.fromkeys(errors)) + "\n--- log tail ---\n" + out[-3000:]
+
+
+def summary(out: str) -> dict:
+    lines = [line for line in out.splitlines() if line.startswith("SUMMARY ")]
+    assert lines, f"no summary line\n{report(out)}"
+    return json.loads(lines[-1].removeprefix("SUMMARY "))
+
+
+def assert_exactly_once_prefix(target: Path) -> None:
+    """Rows 0..n-1 of the sequence, each once: batches are contiguous prefixes."""
+    try:
+        table = DeltaTable(str(target))
+    except TableNotFoundError:
+        pytest.fail(f"{target}: no Delta table: no batch was committed")
+    ids = table.to_pyarrow_table().column("id").to_pylist()
+    assert len(ids) == len(set(ids)), f"{target}: {len(ids) - len(set(ids))} duplicate ids"
+    assert sorted(ids) == list(range(len(ids))), f"{target}: ids are not 0..{len(ids) - 1}"
+    assert len(ids) >= MIN_ROWS, f"{target}: only {len(ids)} rows in {SECONDS} s"
+
+
+@pytest.mark.parametrize("queries", [2, 4])
+def test_queries_in_one_driver_all_keep_running(tmp_path, queries):
+    rc, out = run_driver(tmp_path, queries)
+    assert rc == 0, report(out)
+    assert sorted(summary(out)) == [f"q{i}" for i in range(queries)]
+    for i in range(queries):
+        assert_exactly_once_prefix(tmp_path / f"q{i}" / "target")
+
+
+def test_restarting_one_query_in_the_same_driver(tmp_path):
+    rc, out = run_driver(tmp_path, 2, "--restart-first")
+    assert rc == 0, report(out)
+    assert summary(out)["q0"]["runs"] == 2
+    for i in range(2):
+        assert_exactly_once_prefix(tmp_path / f"q{i}" / "target")
