@@ -11,7 +11,7 @@ import shutil
 import sys
 
 from . import admin
-from .errors import TxnError
+from .errors import ConfigError, TxnError
 
 
 def _print_records(record_table: str, sink: str | None = None) -> None:
@@ -195,6 +195,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+DEMO_MARKER = ".pyspark-txn-demo"
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """txn-sequence -> txn-delta in a few micro-batches, read back, then a replay."""
     from deltalake import DeltaTable
@@ -202,7 +205,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from . import local_session
 
     base = os.path.abspath(args.dir)
+    marker = os.path.join(base, DEMO_MARKER)
+    if os.path.isdir(base) and os.listdir(base) and not os.path.exists(marker):
+        raise ConfigError(
+            f"--dir {args.dir}: the directory exists and was not made by the demo; "
+            "choose a new or empty directory (the demo starts afresh by deleting its own)"
+        )
     shutil.rmtree(base, ignore_errors=True)
+    os.makedirs(base)
+    with open(marker, "w") as f:
+        f.write("made by `pyspark-txn demo`; the next demo run deletes this directory\n")
     target, checkpoint = os.path.join(base, "orders"), os.path.join(base, "checkpoint")
     print(f"pyspark-txn demo in {base}: starting a local Spark session ...", flush=True)
     spark = local_session("pyspark-txn-demo")

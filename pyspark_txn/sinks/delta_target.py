@@ -99,9 +99,16 @@ class DeltaTarget(Target):
 
     def check_stream_schema(self, stream_schema, merge_schema: bool) -> None:
         """Refuse schema drift and partitioning changes before anything is staged."""
+        if self.fs.isfile(self.root):
+            raise ConfigError(
+                f"option path={self.uri!r} is a file, not a directory: the target must be a "
+                "Delta table or a new (or empty) directory"
+            )
         dt = self.open()
         if dt is None:  # partition columns were checked against the stream by the options
+            self._check_no_foreign_files()
             return
+        check_table_features(dt, self.uri)
         table_parts = list(dt.metadata().partition_columns)
         if table_parts != self.partition_by:
             raise ConfigError(
@@ -115,10 +122,21 @@ class DeltaTarget(Target):
             raise ConfigError(
                 f"the stream's schema does not match the Delta table at {self.uri}: {detail}.{hint}"
             )
-        not_null = [c for c in added if not stream_schema.field(c).nullable]
-        if not_null:
+
+    def _check_no_foreign_files(self) -> None:
+        """A new table is created only where nothing but our own staging is."""
+        if not self.fs.isdir(self.root):
+            return
+        names = sorted(
+            n.rstrip("/").rsplit("/", 1)[-1] for n in self.fs.ls(self.root, detail=False)
+        )
+        foreign = [n for n in names if n != STAGING_ROOT]
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
             raise ConfigError(
-                f"mergeSchema can only add nullable columns; {not_null} are declared NOT NULL"
+                f"option path={self.uri!r} exists and is not a Delta table (it holds {shown}); "
+                "refusing to create a table over files we do not know. Use an empty directory, "
+                "or convert the data to Delta first"
             )
 
     # --- staged files -----------------------------------------------------------
@@ -212,7 +230,6 @@ class DeltaTarget(Target):
         if dt is None:
             return
         self.check_stream_schema(stream_schema, bool(record.target.get("merge_schema")))
-        check_table_features(dt, self.uri)
         not_null = [f.name for f in table_arrow_schema(dt) if not f.nullable]
         if not_null:
             nulls: dict[str, int] = {}
@@ -300,7 +317,10 @@ class DeltaTarget(Target):
         if added and record.target.get("merge_schema"):
             from deltalake.schema import Field
 
-            dt.alter.add_columns([Field.from_arrow(stream_schema.field(c)) for c in added])
+            # as Spark's Delta sink does: rows already in the table have no value there
+            dt.alter.add_columns(
+                [Field.from_arrow(stream_schema.field(c).with_nullable(True)) for c in added]
+            )
         dt.create_write_transaction(
             adds,
             mode="append",
@@ -397,7 +417,15 @@ _KNOWN_WRITER_FEATURES = {
 
 
 def check_table_features(dt, uri: str) -> None:
-    """Refuse target tables whose rules an append through this sink would break."""
+    """Refuse target tables whose rules an append through this sink would break.
+
+    Appends honour NOT NULL (checked per batch before the record), appendOnly
+    and change data feed (appends need no CDC files). Everything else that
+    constrains what a writer may add is refused by name, before anything is
+    staged: CHECK constraints, legacy invariants, generated and identity
+    columns, column mapping (files would need physical names), and writer
+    features this sink does not know.
+    """
     config = dt.metadata().configuration or {}
     constraints = sorted(
         k[len("delta.constraints.") :] for k in config if k.startswith("delta.constraints.")
@@ -413,6 +441,12 @@ def check_table_features(dt, uri: str) -> None:
             f"the Delta table at {uri} uses column mapping (mode {mode!r}), which txn-delta "
             "cannot write yet"
         )
+    for path, key in _rule_metadata(json.loads(dt.schema().to_json())):
+        what = _COLUMN_RULES[key]
+        raise ConfigError(
+            f"column {path!r} of the Delta table at {uri} is {what} ({key}), which txn-delta "
+            "cannot honour yet; write to a table without it"
+        )
     protocol = dt.protocol()
     unknown = sorted(set(protocol.writer_features or ()) - _KNOWN_WRITER_FEATURES)
     if unknown:
@@ -420,3 +454,22 @@ def check_table_features(dt, uri: str) -> None:
             f"the Delta table at {uri} needs writer features {unknown} that txn-delta does "
             "not support"
         )
+
+
+_COLUMN_RULES = {
+    "delta.generationExpression": "a generated column",
+    "delta.identity.start": "an identity column",
+    "delta.invariants": "guarded by an invariant",
+}
+
+
+def _rule_metadata(schema_json: Mapping[str, Any], prefix: str = ""):
+    """(column path, metadata key) of every field that carries a writer rule."""
+    for f in schema_json.get("fields", ()):
+        path = f"{prefix}{f['name']}"
+        for key in _COLUMN_RULES:
+            if key in (f.get("metadata") or {}):
+                yield path, key
+        t = f.get("type")
+        if isinstance(t, dict) and t.get("type") == "struct":
+            yield from _rule_metadata(t, path + ".")

@@ -439,3 +439,10 @@ def test_staging_root_is_where_abandon_deletes(sink):
     admin.abandon_snapshot(sink.handle(), rec.snapshot_id, "test")
     assert before - set(os.listdir(root)) == {os.path.basename(sink.staged_dir(rec))}
     assert sink.ids() == list(range(20))
+
+
+def test_demo_never_deletes_a_directory_it_did_not_make(tmp_path, capsys):
+    (tmp_path / "precious.txt").write_text("keep me")
+    assert cli.main(["demo", "--dir", str(tmp_path)]) == 2
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+    assert "not made by the demo" in capsys.readouterr().err

@@ -216,3 +216,62 @@ def test_late_files_in_a_recorded_attempt_go_at_the_next_batch(tmp_path):
     batch(2, [4])
     assert not os.path.exists(zombie)
     assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == [1, 2, 3, 4]
+
+
+def test_generated_columns_are_refused_by_name(delta):
+    from deltalake.schema import Field, PrimitiveType, Schema
+
+    generated = Field("g", PrimitiveType("long"), metadata={"delta.generationExpression": "id"})
+    DeltaTable.create(delta.uri, Schema([Field("id", PrimitiveType("long")), generated]))
+    with pytest.raises(ConfigError, match="'g'.*generated column"):
+        delta.target.check_stream_schema(pa.schema([("id", pa.int64()), ("g", pa.int64())]), False)
+
+
+def test_append_only_and_change_data_feed_tables_take_appends(delta):
+    DeltaTable.create(
+        delta.uri,
+        SCHEMA,
+        configuration={"delta.appendOnly": "true", "delta.enableChangeDataFeed": "true"},
+    )
+    tok = new_token()
+    rec = delta.record(0, tok, 0, delta.stage(0, tok, [1, 2]))
+    delta.target.preflight(rec)
+    delta.target.commit(rec)
+    assert delta.rows() == [1, 2]
+
+
+def test_a_folder_with_other_files_or_a_file_is_not_a_new_target(delta, tmp_path):
+    os.makedirs(delta.uri)
+    with open(os.path.join(delta.uri, "data.csv"), "w") as f:
+        f.write("id\n1\n")
+    with pytest.raises(ConfigError, match="not a Delta table.*data.csv"):
+        delta.target.check_stream_schema(SCHEMA, False)
+    plain = tmp_path / "plain-file"
+    plain.write_text("x")
+    opts = DeltaSinkOptions.parse({"path": str(plain), "checkpointLocation": "/unused"})
+    with pytest.raises(ConfigError, match="is a file"):
+        opts.target().check_stream_schema(SCHEMA, False)
+
+
+def test_merge_schema_adds_not_null_stream_columns_as_nullable(delta):
+    """Spark marks derived columns (``'x' AS extra``) NOT NULL; old rows have no value."""
+    _table_with(delta.uri, SCHEMA)
+    write_deltalake(delta.uri, pa.table({"id": [0], "v": ["old"]}, schema=SCHEMA), mode="append")
+    wider = SCHEMA.append(pa.field("extra", pa.string(), nullable=False))
+    delta.target.check_stream_schema(wider, merge_schema=True)
+    tok = new_token()
+    arrays = [pa.array([7]), pa.array(["7"]), pa.array(["x"])]
+    txns = stage_partition([pa.record_batch(arrays, schema=wider)], delta.staging, 0, tok, 0, wider)
+    rec = delta.record(0, tok, 0, txns)
+    rec = SnapshotRecord(
+        **{
+            **rec.__dict__,
+            "target": {**rec.target, "arrow_schema": schema_to_b64(wider), "merge_schema": True},
+        }
+    )
+    delta.target.preflight(rec)
+    delta.target.commit(rec)
+    table = DeltaTable(delta.uri)
+    assert table.schema().to_arrow().field("extra").nullable
+    rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert rows == [{"id": 0, "v": "old", "extra": None}, {"id": 7, "v": "7", "extra": "x"}]
