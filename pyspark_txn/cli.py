@@ -196,6 +196,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 DEMO_MARKER = ".pyspark-txn-demo"
+DEMO_OUTPUTS = {"orders", "checkpoint"}  # what demos before the marker left behind
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -206,7 +207,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     base = os.path.abspath(args.dir)
     marker = os.path.join(base, DEMO_MARKER)
-    if os.path.isdir(base) and os.listdir(base) and not os.path.exists(marker):
+    if os.path.exists(base) and not os.path.isdir(base):
+        raise ConfigError(f"--dir {args.dir}: is a file; choose a new or empty directory")
+    entries = set(os.listdir(base)) if os.path.isdir(base) else set()
+    if entries and DEMO_MARKER not in entries and not entries <= DEMO_OUTPUTS:
         raise ConfigError(
             f"--dir {args.dir}: the directory exists and was not made by the demo; "
             "choose a new or empty directory (the demo starts afresh by deleting its own)"
