@@ -53,8 +53,55 @@ SINK_OPTIONS = {
     "rowgrouprows": "rows per parquet row group (default 1000000)",
     "compression": "parquet codec of staged files: snappy (default), zstd, lz4, gzip or none",
     "targetfilerows": "rows per staged file before rolling over (default 8000000)",
+    "usermetadata": "text kept in every commit's commitInfo.userMetadata (as delta-spark)",
+    "tablename": "name of the table when the sink creates it",
+    "tabledescription": "description of the table when the sink creates it",
     "faultinjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
 }
+# Delta table properties the sink may set when it creates the table, as
+# `.option("delta.appendOnly", "true")`. Spark lowercases option keys; the log
+# needs the exact spelling, so the keys are known here. Value check per kind.
+TABLE_PROPERTIES = {
+    "delta.appendOnly": "bool",
+    "delta.enableChangeDataFeed": "bool",
+    "delta.checkpointInterval": "int",
+    "delta.dataSkippingNumIndexedCols": "int",
+    "delta.dataSkippingStatsColumns": "text",
+    "delta.logRetentionDuration": "interval",
+    "delta.deletedFileRetentionDuration": "interval",
+    "delta.enableExpiredLogCleanup": "bool",
+    "delta.checkpoint.writeStatsAsJson": "bool",
+    "delta.checkpoint.writeStatsAsStruct": "bool",
+    "delta.targetFileSize": "int",
+}
+_PROPERTY_BY_KEY = {k.lower(): k for k in TABLE_PROPERTIES}
+
+
+def _parse_table_properties(opts: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    import re
+
+    out = []
+    for key, value in sorted(opts.items()):
+        if not key.startswith("delta."):
+            continue
+        name = _PROPERTY_BY_KEY.get(key)
+        if name is None:
+            raise ConfigError(
+                f"option {key}: not a Delta table property this sink sets; allowed: "
+                f"{', '.join(sorted(TABLE_PROPERTIES))}"
+            )
+        kind, v = TABLE_PROPERTIES[name], value.strip()
+        ok = (
+            (kind == "bool" and v.lower() in ("true", "false"))
+            or (kind == "int" and v.isdigit())
+            or (kind == "interval" and re.fullmatch(r"interval \d+ \w+", v.lower()) is not None)
+            or kind == "text"
+        )
+        if not ok:
+            expected = {"bool": "true or false", "int": "a number", "interval": "'interval 7 days'"}
+            raise ConfigError(f"option {name}={value!r}: expected {expected.get(kind, kind)}")
+        out.append((name, v.lower() if kind == "bool" else v))
+    return tuple(out)
 _SINK_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
@@ -115,13 +162,24 @@ class DeltaSinkOptions:
     compression: str = "snappy"
     target_file_rows: int = 8_000_000
     faults: FaultPlan = field(default_factory=FaultPlan)
+    table_properties: tuple[tuple[str, str], ...] = ()
+    table_name: str | None = None
+    table_description: str | None = None
+    user_metadata: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> DeltaSinkOptions:
         opts = {k.lower(): v for k, v in options.items()}
-        unknown = sorted(k for k in opts if k not in SINK_OPTIONS and not k.startswith("fs."))
+        unknown = sorted(
+            k
+            for k in opts
+            if k not in SINK_OPTIONS and not k.startswith("fs.") and not k.startswith("delta.")
+        )
         if unknown:
-            allowed = ", ".join(sorted(SINK_OPTIONS)) + ", fs.<fsspec option>"
+            allowed = (
+                ", ".join(sorted(SINK_OPTIONS))
+                + ", fs.<fsspec option>, delta.<table property>"
+            )
             raise ConfigError(f"txn-delta sink: unknown option(s) {unknown}; allowed: {allowed}")
         if not opts.get("path"):
             raise ConfigError(
@@ -183,6 +241,10 @@ class DeltaSinkOptions:
                 "targetFileRows", opts.get("targetfilerows", "8000000")
             ),
             faults=FaultPlan.parse(opts.get("faultinjection")),
+            table_properties=_parse_table_properties(opts),
+            table_name=opts.get("tablename"),
+            table_description=opts.get("tabledescription"),
+            user_metadata=opts.get("usermetadata"),
         )
 
     def with_checkpoint_sink_id(self) -> DeltaSinkOptions:
@@ -234,6 +296,10 @@ class DeltaSinkOptions:
             partition_by=self.partition_by,
             storage_options=dict(self.storage_options),
             fs_options=dict(self.fs_options),
+            table_properties=dict(self.table_properties),
+            table_name=self.table_name,
+            table_description=self.table_description,
+            user_metadata=self.user_metadata,
         )
 
     def committer(self) -> TwoPhaseCommitter:

@@ -81,10 +81,18 @@ class DeltaTarget(Target):
         partition_by: Sequence[str] = (),
         storage_options: Mapping[str, str] | None = None,
         fs_options: Mapping[str, Any] | None = None,
+        table_properties: Mapping[str, str] | None = None,
+        table_name: str | None = None,
+        table_description: str | None = None,
+        user_metadata: str | None = None,
     ) -> None:
         self.uri = uri
         self.sink_id = sink_id
         self.partition_by = list(partition_by)
+        self.table_properties = dict(table_properties or {})
+        self.table_name = table_name
+        self.table_description = table_description
+        self.user_metadata = user_metadata
         self.storage_options = dict(storage_options or {}) or None
         self.fs, self.root = _fs.filesystem(uri, fs_options)
 
@@ -109,6 +117,16 @@ class DeltaTarget(Target):
             self._check_no_foreign_files()
             return
         check_table_features(dt, self.uri)
+        config = dt.metadata().configuration or {}
+        differ = {k: v for k, v in self.table_properties.items() if config.get(k) != v}
+        if differ:
+            raise ConfigError(
+                f"the Delta table at {self.uri} exists with "
+                + ", ".join(f"{k}={config.get(k)!r}" for k in differ)
+                + f"; the sink's options say {differ}. Table properties are set when the sink "
+                "creates the table: change the table (ALTER TABLE ... SET TBLPROPERTIES) or "
+                "drop the options"
+            )
         table_parts = list(dt.metadata().partition_columns)
         if table_parts != self.partition_by:
             raise ConfigError(
@@ -299,6 +317,7 @@ class DeltaTarget(Target):
                 META_PREFIX + "batch_id": record.batch_id,
                 META_PREFIX + "query_id": record.query_id or "",
                 META_PREFIX + "record_id": record.record_id,
+                **({"userMetadata": self.user_metadata} if self.user_metadata else {}),
             },
         )
         stream_schema = schema_from_b64(record.target["arrow_schema"])
@@ -309,6 +328,9 @@ class DeltaTarget(Target):
                 adds,
                 mode="error",
                 partition_by=self.partition_by or None,
+                name=self.table_name,
+                description=self.table_description,
+                configuration=self.table_properties or None,
                 storage_options=self.storage_options,
                 commit_properties=props,
             )

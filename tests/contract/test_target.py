@@ -275,3 +275,35 @@ def test_merge_schema_adds_not_null_stream_columns_as_nullable(delta):
     assert table.schema().to_arrow().field("extra").nullable
     rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
     assert rows == [{"id": 0, "v": "old", "extra": None}, {"id": 7, "v": "7", "extra": "x"}]
+
+
+def test_created_table_carries_properties_name_description_and_user_metadata(tmp_path):
+    uri = str(tmp_path / "t")
+    opts = DeltaSinkOptions.parse(
+        {
+            "path": uri,
+            "checkpointLocation": "/unused",
+            "delta.appendOnly": "true",
+            "delta.logRetentionDuration": "interval 30 days",
+            "tableName": "orders",
+            "tableDescription": "orders, exactly once",
+            "userMetadata": "pipeline v2",
+        }
+    )
+    stager = Stager("delta", tmp_path)
+    stager.target = opts.target()
+    stager.staging = opts.staging()
+    tok = new_token()
+    stager.target.commit(stager.record(0, tok, 0, stager.stage(0, tok, [1])))
+    table = DeltaTable(uri)
+    meta = table.metadata()
+    assert meta.configuration["delta.appendOnly"] == "true"
+    assert meta.configuration["delta.logRetentionDuration"] == "interval 30 days"
+    assert (meta.name, meta.description) == ("orders", "orders, exactly once")
+    assert table.history(1)[0]["userMetadata"] == "pipeline v2"
+    # an existing table whose properties differ from the options is refused up front
+    other = DeltaSinkOptions.parse(
+        {"path": uri, "checkpointLocation": "/unused", "delta.appendOnly": "false"}
+    )
+    with pytest.raises(ConfigError, match="delta.appendOnly='true'.*ALTER TABLE"):
+        other.target().check_stream_schema(SCHEMA, False)

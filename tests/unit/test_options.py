@@ -57,3 +57,15 @@ def test_explicit_sink_id_is_kept_and_may_not_change(tmp_path):
     assert persisted_sink_id(chk, "txn-derived") == "orders"
     with pytest.raises(ConfigError, match="sinkId='other'.*belongs to sink 'orders'"):
         persisted_sink_id(chk, "txn-derived", "other")
+
+
+def test_table_properties_keep_their_delta_spelling_and_are_checked(tmp_path):
+    base = {"path": str(tmp_path / "t"), "checkpointLocation": str(tmp_path / "c")}
+    # Spark lowercases option keys; the Delta log needs the exact names
+    opts = DeltaSinkOptions.parse({**base, "delta.appendonly": "TRUE", "userMetadata": "run 7"})
+    assert opts.table_properties == (("delta.appendOnly", "true"),)
+    assert opts.user_metadata == "run 7"
+    with pytest.raises(ConfigError, match="delta.appendOnly='yes please': expected true or false"):
+        DeltaSinkOptions.parse({**base, "delta.appendOnly": "yes please"})
+    with pytest.raises(ConfigError, match="delta.colour: not a Delta table property"):
+        DeltaSinkOptions.parse({**base, "delta.colour": "blue"})
