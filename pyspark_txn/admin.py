@@ -17,12 +17,12 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote
 
 from . import _fs
-from .checkpoint import read_sink_file
+from .checkpoint import RECORDS_DIR, read_sink_file
 from .errors import ConfigError, TxnError
 from .state import (
     DeltaEventLog,
@@ -32,10 +32,10 @@ from .state import (
     SnapshotRecord,
     pending_phase2,
 )
+from .state.events import arrow_schema as record_table_schema
 
 log = logging.getLogger(__name__)
 
-RECORDS_DIR = ("pyspark_txn", "records")
 #: First event kinds of offset-log streams (acknowledging sources), not sinks.
 OFFSET_LOG_KINDS = frozenset({EventKind.CLAIM, EventKind.ACKED})
 CHUNK_BYTES = 1 << 20
@@ -47,9 +47,19 @@ Progress = Callable[[int, int], None]
 
 
 def _is_delta_table(uri: str, storage_options: Mapping[str, str] | None) -> bool:
+    """Whether ``uri`` is a record table; a Delta table of another kind is an error."""
     from deltalake import DeltaTable
 
-    return DeltaTable.is_deltatable(uri, dict(storage_options or {}) or None)
+    options = dict(storage_options or {}) or None
+    if not DeltaTable.is_deltatable(uri, options):
+        return False
+    names = set(DeltaTable(uri, storage_options=options).schema().to_arrow().names)
+    if not set(record_table_schema().names) <= names:
+        raise ConfigError(
+            f"{uri} is a Delta table but not a pyspark-txn record table (its columns are "
+            f"{sorted(names)}); give a checkpoint location or a record table"
+        )
+    return True
 
 
 def find_record_table(
@@ -57,16 +67,18 @@ def find_record_table(
 ) -> tuple[str, str | None]:
     """``(record table URI, checkpoint URI or None)`` for a checkpoint or record table.
 
-    A checkpoint's record table is ``<checkpoint>/pyspark_txn/records``. A record
-    table given directly at that place also yields its checkpoint.
+    A checkpoint's record table is ``<checkpoint>/pyspark_txn/records``, or the one
+    its ``sink.json`` names (option ``recordTable``). The checkpoint's own comes
+    first: a copied checkpoint must never act on the original's history. A
+    record table given directly at the default place also yields its checkpoint.
     """
     uri = _fs.normalize_uri(location)
-    kept = _kept_record_table(uri)
-    if kept is not None and _is_delta_table(kept, storage_options):
-        return kept, uri  # a checkpoint whose sink keeps its records elsewhere
     candidate = _fs.join(uri, *RECORDS_DIR)
     if _is_delta_table(candidate, storage_options):
         return candidate, uri
+    kept = _kept_record_table(uri)
+    if kept is not None and _is_delta_table(kept, storage_options):
+        return kept, uri  # a checkpoint whose sink keeps its records elsewhere
     if _is_delta_table(uri, storage_options):
         suffix = "/" + "/".join(RECORDS_DIR)
         return uri, (uri[: -len(suffix)] if uri.endswith(suffix) else None)
@@ -406,8 +418,8 @@ class VerifyReport:
         }
 
 
-def _table_files(handle: SinkHandle) -> set[str] | None:
-    """Relative paths of the target's current version; None if there is no table."""
+def _table_files(handle: SinkHandle) -> tuple[int, set[str]] | None:
+    """(version, relative paths) of the target now; None if there is no table."""
     import pyarrow as pa
 
     from ._delta import open_table
@@ -416,7 +428,24 @@ def _table_files(handle: SinkHandle) -> set[str] | None:
     if dt is None:
         return None
     paths = pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()
-    return {unquote(p) for p in paths} | set(paths)
+    return dt.version(), {unquote(p) for p in paths} | set(paths)
+
+
+def _not_in_table(table: tuple[int, set[str]] | None, committed_version: int | None) -> Problem:
+    """Why a committed file is not in the table now: a later removal is a warning; a table
+    that is gone, or older than the commit (re-created, restored), lost committed data."""
+    if table is None:
+        return Problem("error", "not-in-table", "", "committed, but there is no table any more")
+    version = table[0]
+    if committed_version is not None and version < committed_version:
+        return Problem(
+            "error",
+            "not-in-table",
+            "",
+            f"committed at table version {committed_version}, but the table is at version "
+            f"{version}: it was re-created or restored and lost committed data",
+        )
+    return Problem("warning", "not-in-table", "", "not in the current table version")
 
 
 def _crc32(fs, path: str, on_bytes: Callable[[int], None]) -> str:
@@ -441,24 +470,15 @@ def verify(handle: SinkHandle, progress: Progress | None = None) -> VerifyReport
     if not records:
         return VerifyReport(handle.sink_id, handle.target_uri)
     fs, root = _fs.filesystem(handle.target_uri)
-    table_files = _table_files(handle) if state.committed else None
+    table = _table_files(handle) if state.committed else None
     plan: list[tuple[SnapshotRecord, list[Problem], list]] = []
     for rec in records:
         problems: list[Problem] = []
         to_read = []
         for t in rec.txns:
-            if rec.snapshot_id in state.committed and (
-                table_files is None or t.handle not in table_files
-            ):
-                problems.append(
-                    Problem(
-                        "warning",
-                        "not-in-table",
-                        t.handle,
-                        "not in the current table version"
-                        + (" (there is no table)" if table_files is None else ""),
-                    )
-                )
+            if rec.snapshot_id in state.committed and (table is None or t.handle not in table[1]):
+                why = _not_in_table(table, state.committed.get(rec.snapshot_id))
+                problems.append(replace(why, handle=t.handle))
             else:
                 to_read.append(t)
         plan.append((rec, problems, to_read))
@@ -487,8 +507,8 @@ def verify(handle: SinkHandle, progress: Progress | None = None) -> VerifyReport
                 problems=tuple(problems),
             )
         )
-        for p in problems:
-            (log.error if p.severity == "error" else log.warning)(
+        for p in problems:  # the report carries them; the log is for --verbose
+            log.debug(
                 "sink %s, snapshot %d: %s: %s", handle.sink_id, rec.snapshot_id, p.handle, p.message
             )
     return VerifyReport(handle.sink_id, handle.target_uri, tuple(checks))

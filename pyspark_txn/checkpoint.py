@@ -46,6 +46,13 @@ def read_batch_offsets(checkpoint: str, batch_id: int, fs_options=None) -> list[
 
 
 SINK_FILE = ("pyspark_txn", "sink.json")
+RECORDS_DIR = ("pyspark_txn", "records")
+
+
+def default_record_table(checkpoint: str) -> str:
+    """Where a sink keeps its record table unless told otherwise: inside the checkpoint,
+    so it moves and is copied with it."""
+    return _fs.join(checkpoint, *RECORDS_DIR)
 
 
 def read_sink_file(checkpoint: str, fs_options=None) -> dict[str, Any] | None:
@@ -71,8 +78,10 @@ def persisted_sink_id(
     same location spelled another way (``s3://`` vs ``s3a://``, a trailing
     slash, a relative path), keeps its sink and so its history. ``derived`` is
     used on first use when no ``explicit`` id is given; an explicit id that
-    differs from the kept one is refused. The record table's URI is kept too,
-    so tools find a sink's history from its checkpoint alone.
+    differs from the kept one is refused. A record table outside the checkpoint
+    (option ``recordTable``) is named there too, so tools find a sink's history
+    from its checkpoint alone; the default one is not: it is wherever the
+    checkpoint is now.
     """
     kept = read_sink_file(checkpoint, fs_options)
     if kept is not None:

@@ -67,6 +67,8 @@ def _describe(status: admin.SnapshotStatus) -> list[str]:
         )
         if d["target_error"]:
             lines.append(f"  target: cannot be read: {d['target_error']}")
+        elif d["target_batch"] is None:
+            lines.append("  target holds no batch of this sink (or does not exist)")
         else:
             lines.append(f"  target holds this sink's batches up to {d['target_batch']}")
     return lines

@@ -21,7 +21,12 @@ from typing import Any
 from pyspark.sql.datasource import WriterCommitMessage
 
 from .. import _fs
-from ..checkpoint import persisted_sink_id, read_batch_offsets, read_query_id
+from ..checkpoint import (
+    default_record_table,
+    persisted_sink_id,
+    read_batch_offsets,
+    read_query_id,
+)
 from ..errors import ConfigError, ProtocolViolation
 from ..faults import FaultPlan
 from ..state import DeltaEventLog, RecordStore, TxnHandle
@@ -200,7 +205,7 @@ class DeltaSinkOptions:
         digest = hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
         sink_id = explicit or f"{prefix}-{digest}"
         record_table = _fs.normalize_uri(
-            opts.get("recordtable") or _fs.join(checkpoint, "pyspark_txn", "records")
+            opts.get("recordtable") or default_record_table(checkpoint)
         )
         for inner, outer in ((record_table, path), (path, record_table)):
             if inner == outer or inner.startswith(outer.rstrip("/") + "/"):
@@ -255,7 +260,11 @@ class DeltaSinkOptions:
             self.sink_id,
             self.sink_id if self.explicit_sink_id else None,
             dict(self.fs_options),
-            record_table=self.record_table,
+            record_table=(
+                None
+                if self.record_table == default_record_table(self.checkpoint_location)
+                else self.record_table
+            ),
         )
         return replace(self, sink_id=sink_id)
 
@@ -446,9 +455,27 @@ class TxnDeltaStreamWriter(_WriterBase):
 
 
 def spark_to_arrow_schema(spark_schema):
-    """The Arrow schema of the stream. Timestamps are UTC instants, as on Spark's Arrow path."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    """The Arrow schema of the stream. Timestamps are UTC instants, as on Spark's Arrow path.
 
+    A column Arrow (or Delta) cannot carry is named in a ``ConfigError`` before
+    anything is staged, not left to a conversion traceback.
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    for f in spark_schema.fields:
+        if "variant" in f.dataType.simpleString():
+            raise ConfigError(
+                f"column {f.name!r} has type {f.dataType.simpleString()}: txn-delta cannot "
+                "write VARIANT yet; convert it first, e.g. to_json(col)"
+            )
+        try:
+            to_arrow_schema(StructType([f]), timezone="UTC")
+        except Exception as e:
+            raise ConfigError(
+                f"column {f.name!r} has type {f.dataType.simpleString()}, which cannot be "
+                f"written to a Delta table ({e}); cast it or give it a type with .cast(...)"
+            ) from None
     return to_arrow_schema(spark_schema, timezone="UTC")
 
 

@@ -59,10 +59,17 @@ def table_arrow_schema(dt):
 def schema_drift(table_schema, stream_schema) -> tuple[list[str], list[str]]:
     """(columns the stream adds, human-readable incompatibilities)."""
     table = {f.name: f for f in table_schema}
+    by_lower = {name.lower(): name for name in table}
     added, problems = [], []
     for f in stream_schema:
         old = table.pop(f.name, None)
-        if old is None:
+        if old is None and by_lower.get(f.name.lower()) in table:
+            other = table.pop(by_lower[f.name.lower()])
+            problems.append(
+                f"column {f.name!r} of the stream differs only by case from the table's "
+                f"{other.name!r}; Delta names are case-insensitive: rename it to {other.name!r}"
+            )
+        elif old is None:
             added.append(f.name)
         elif _normal_type(old.type) != _normal_type(f.type):
             problems.append(
@@ -394,15 +401,28 @@ def check_writable_schema(schema) -> None:
         try:
             Schema.from_arrow(_one_field_schema(f))
         except Exception as e:
+            spark_name = " (a Spark interval)" if _has_duration(f.type) else ""
             raise ConfigError(
-                f"column {f.name!r} has type {f.type}, which a Delta table cannot store "
-                f"({e}); cast it (e.g. intervals to a string or a number) before the sink"
+                f"column {f.name!r} has type {f.type}{spark_name}, which a Delta table cannot "
+                f"store ({e}); cast it (e.g. intervals to a string or a number) before the sink"
             ) from None
         if _has_null_type(f.type):
             raise ConfigError(
                 f"column {f.name!r} has type NULL (void: e.g. a bare lit(None)); give it a "
                 "type with .cast(...) before the sink"
             )
+
+
+def _has_duration(t) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_duration(t) or pa.types.is_interval(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_has_duration(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
+        return _has_duration(t.value_type if not pa.types.is_map(t) else t.item_type)
+    return False
 
 
 def _one_field_schema(f):

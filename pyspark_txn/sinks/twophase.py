@@ -239,11 +239,13 @@ class TwoPhaseCommitter:
         committed = self.target.committed_batch(self.sink_id)
         last = state.last_record.batch_id if state.last_record else None
         if committed is not None and (last is None or committed > last):
+            recorded = "has no record of any batch" if last is None else f"ends at batch {last}"
             raise CheckpointMismatchError(
-                f"the target already holds batch {committed} of sink {self.sink_id!r}, but the "
-                f"record table's last recorded batch is {last}: the record table was deleted or "
-                "replaced. Continuing could skip or duplicate data. Restore the record table, or "
-                "give the new query its own sinkId."
+                f"the target already holds batch {committed} of sink {self.sink_id!r}, but this "
+                f"sink's record table {recorded}: another query writes to the same table with "
+                "the same sinkId, or the record table was deleted or replaced. Continuing could "
+                "skip or duplicate data. Give every query its own sinkId, or restore the record "
+                "table."
             )
 
     def _phase2(self, state: SinkState, record: SnapshotRecord) -> SinkState:

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from pyspark_txn import admin, cli
 from pyspark_txn.errors import ConfigError, CorruptSnapshotError, TxnError
@@ -446,3 +446,36 @@ def test_demo_never_deletes_a_directory_it_did_not_make(tmp_path, capsys):
     assert cli.main(["demo", "--dir", str(tmp_path)]) == 2
     assert (tmp_path / "precious.txt").read_text() == "keep me"
     assert "not made by the demo" in capsys.readouterr().err
+
+
+def test_a_copied_checkpoint_is_read_from_its_own_record_table(tmp_path):
+    """The copy's tools must never act on the original query's (possibly live) history."""
+    original = SinkDriver(tmp_path, "a")
+    original.batch(0, [1])
+    shutil.copytree(original.chk, tmp_path / "chk-copy")
+    copy_opts = DeltaSinkOptions.parse(
+        {"path": original.target, "checkpointLocation": str(tmp_path / "chk-copy")}
+    ).with_checkpoint_sink_id()
+    assert copy_opts.sink_id == original.sink_id
+    copy = admin.open_sink(str(tmp_path / "chk-copy"))
+    assert copy.record_table == str(tmp_path / "chk-copy" / "pyspark_txn" / "records")
+    assert admin.open_sink(original.chk).record_table.startswith(original.chk)
+
+
+def test_a_delta_table_that_is_not_a_record_table_is_named(tmp_path, capsys):
+    driver = SinkDriver(tmp_path, "a")
+    driver.batch(0, [1])
+    for command in ("records", "stuck"):
+        assert cli.main([command, driver.target]) == 2
+        assert "not a pyspark-txn record table" in capsys.readouterr().err
+
+
+def test_verify_fails_when_the_target_was_recreated_and_lost_committed_data(tmp_path):
+    driver = SinkDriver(tmp_path, "a")
+    driver.batch(0, [1, 2])
+    driver.batch(1, [3])
+    shutil.rmtree(driver.target)
+    write_deltalake(driver.target, pa.table({"id": [9], "v": ["new"]}, schema=SCHEMA))
+    report = admin.verify(admin.open_sink(driver.chk))
+    assert not report.ok
+    assert any("re-created or restored" in p.message for _, p in report.errors)

@@ -307,3 +307,9 @@ def test_created_table_carries_properties_name_description_and_user_metadata(tmp
     )
     with pytest.raises(ConfigError, match="delta.appendOnly='true'.*ALTER TABLE"):
         other.target().check_stream_schema(SCHEMA, False)
+
+
+def test_a_column_differing_only_by_case_is_named_as_such(delta):
+    _table_with(delta.uri, pa.schema([("ID", pa.int64()), ("v", pa.string())]))
+    with pytest.raises(ConfigError, match="'id' of the stream differs only by case.*'ID'"):
+        delta.target.check_stream_schema(SCHEMA, False)

@@ -85,14 +85,24 @@ def test_two_queries_sharing_a_sink_id_are_refused(pipeline, tmp_path):
     pipeline.assert_exactly_once(2000)
 
 
-def test_a_type_delta_cannot_store_fails_before_anything_is_written(spark, tmp_path):
+@pytest.mark.parametrize(
+    "expr, message",
+    [
+        ("make_dt_interval(0, 0, 0, id) AS gap", "'gap'.*Spark interval.*cannot store"),
+        ("array() AS arr", "'arr'.*array<void>"),
+        ("parse_json('{\"a\": 1}') AS doc", "'doc'.*VARIANT"),
+        ("id AS ID", "'id' and 'ID' differ only by case"),
+    ],
+    ids=["interval", "array-of-void", "variant", "case"],
+)
+def test_a_type_delta_cannot_store_fails_before_anything_is_written(spark, tmp_path, expr, message):
     target, chk = str(tmp_path / "t"), str(tmp_path / "chk")
     df = (
         spark.readStream.format("txn-sequence")
         .option("rowsPerBatch", 10)
         .option("totalRows", 20)
         .load()
-        .selectExpr("id", "make_dt_interval(0, 0, 0, id) AS gap")
+        .selectExpr("id", expr)
     )
     q = (
         df.writeStream.format("txn-delta")
@@ -101,7 +111,7 @@ def test_a_type_delta_cannot_store_fails_before_anything_is_written(spark, tmp_p
         .trigger(availableNow=True)
         .start()
     )
-    with pytest.raises(Exception, match="'gap'.*cannot store"):
+    with pytest.raises(Exception, match=message):
         q.awaitTermination()
     assert not os.path.exists(target)
 
