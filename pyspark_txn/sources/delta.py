@@ -5,15 +5,37 @@ to read: file ``i`` of version ``v``'s change set, where the change set of a
 commit is its ``add`` actions with ``dataChange=true`` in log order, and (with
 ``snapshot`` true) the change set is the whole table at ``v``, sorted by path.
 A file list for a version never changes, so a range of offsets always names
-the same files: replayable for as long as the Delta log keeps those versions.
-Commits that remove data (overwrite, delete, merge) are refused unless
-``ignoreChanges=true``; compactions (``dataChange=false``) are skipped.
+the same files: replayable for as long as the Delta log keeps those versions
+(an offset at a version whose commit was cleaned from the log is a
+``SourceError``, never a silent skip).
+
+What a file contributes is fixed by its ``add`` action, so replays are exact:
+- partition values come from the action (strings in the log, converted to
+  the column type as PROTOCOL.md "Partition Value Serialization" says: an
+  empty string is null; a timestamp without a zone is read as UTC);
+- its deletion vector (inline, ``u`` or ``p`` file) is decoded and the deleted
+  rows are skipped (the ``deletionVectors`` reader feature);
+- with column mapping (``name`` or ``id``) data columns are resolved by
+  physical name or parquet field id, nested fields included; a column a file
+  does not have reads as null;
+- files are read in bounded record batches, never whole.
+
+Commits that remove data (overwrite, delete, merge) stop the stream unless
+``ignoreChanges=true``, which, like Delta's option of that name, ignores their
+removes and streams the files they add (rewritten files are read again:
+unchanged rows can come twice). Compactions (``dataChange=false``) are skipped.
+A schema change the stream's schema cannot carry (a new or retyped column, a
+rename, a column-mapping mode change) or a reader feature this source does not
+implement stops the stream *at* that version, after everything before it was
+served: restart the query to pick up the new schema (files written before the
+change read the new columns as null).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +43,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from .. import _fs
 from ..errors import ConfigError, SourceError
+from ..sinks.delta import spark_to_arrow_schema
 from ._common import SupportsTriggerAvailableNow, canonical
 
 DELTA_SOURCE_OPTIONS = {
@@ -28,15 +51,41 @@ DELTA_SOURCE_OPTIONS = {
     "startingversion": "'snapshot' (default: the table as of the start, then its appends), "
     "a version number (appends from that commit on) or 'latest' (only new appends)",
     "maxfilesperbatch": "most data files per micro-batch (default 1000)",
-    "ignorechanges": "true: skip commits that remove data instead of failing",
+    "ignorechanges": "true: don't stop at commits that remove data; their removes are ignored "
+    "and the files they add are streamed (rewritten rows come again), as Delta's ignoreChanges",
     "storageoptions": "JSON object of delta-rs storage options",
 }
+
+# Reader features whose semantics this source implements (anything else is refused by name).
+SUPPORTED_READER_FEATURES = frozenset(
+    {
+        "columnMapping",
+        "deletionVectors",
+        "timestampNtz",
+        "typeWidening",
+        "typeWidening-preview",
+        "v2Checkpoint",
+        "vacuumProtocolCheck",
+    }
+)
+READ_BATCH_ROWS = 65536  # rows per Arrow batch read from a data file
+_FIELD_ID = b"PARQUET:field_id"
 
 
 @dataclass(frozen=True)
 class DeltaFile:
     uri: str
-    partition_values: tuple[tuple[str, str | None], ...]
+    # (logical column, value already converted to the column's Python type), partition columns only
+    partition_values: tuple[tuple[str, Any], ...] = ()
+    # the add action's deletionVector descriptor, as sorted items; None without one
+    deletion_vector: tuple[tuple[str, Any], ...] | None = None
+
+
+@dataclass(frozen=True)
+class ChangeSet:
+    files: tuple[DeltaFile, ...]
+    # why this version cannot be streamed (the stream stops before it); None if it can
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -77,13 +126,12 @@ class DeltaSourceOptions:
             raise ConfigError(
                 f"txn-delta source: option ignoreChanges={ignore!r}: expected true or false"
             )
-        storage = json.loads(opts["storageoptions"]) if opts.get("storageoptions") else {}
         return cls(
             path=_fs.normalize_uri(opts["path"]),
             starting=starting,
             max_files_per_batch=int(raw_max),
             ignore_changes=ignore == "true",
-            storage_options=tuple(sorted(storage.items())),
+            storage_options=_parse_storage_options(opts.get("storageoptions")),
             fs_options=tuple(sorted((k[3:], v) for k, v in opts.items() if k.startswith("fs."))),
         )
 
@@ -95,14 +143,58 @@ class DeltaSourceOptions:
                 self.path, version=version, storage_options=dict(self.storage_options) or None
             )
         except Exception as e:
+            at = "its latest version" if version is None else f"version {version}"
+            hint = (
+                ""
+                if version is None
+                else " (if log retention cleaned that version's commits, the offsets cannot be "
+                "replayed: restart from a snapshot with startingVersion=snapshot and a new "
+                "checkpoint)"
+            )
             raise SourceError(
-                f"txn-delta source: cannot open {self.path} at version {version}: {e}"
+                f"txn-delta source: cannot open the Delta table {self.path} at {at}: {e}{hint}"
             ) from e
 
     def spark_schema_ddl(self):
+        """The stream's Spark schema: the table's, without Delta's internal column metadata."""
         from pyspark.sql.types import StructType
 
-        return StructType.fromJson(json.loads(self.table().schema().to_json()))
+        return StructType.fromJson(
+            _strip_delta_metadata(json.loads(self.table().schema().to_json()))
+        )
+
+
+def _parse_storage_options(raw: str | None) -> tuple[tuple[str, str], ...]:
+    if not raw:
+        return ()
+    try:
+        storage = json.loads(raw)
+    except ValueError as e:
+        raise ConfigError(
+            f"txn-delta source: option storageOptions is not valid JSON ({e}); expected a JSON "
+            'object of strings, e.g. {"AWS_REGION": "eu-west-1"}'
+        ) from None
+    if not isinstance(storage, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in storage.items()
+    ):
+        raise ConfigError(
+            "txn-delta source: option storageOptions must be a JSON object of string values, "
+            f"got {raw!r}"
+        )
+    return tuple(sorted(storage.items()))
+
+
+def _strip_delta_metadata(node: Any) -> Any:
+    if isinstance(node, dict):
+        out = {k: _strip_delta_metadata(v) for k, v in node.items()}
+        if isinstance(out.get("metadata"), dict):
+            out["metadata"] = {
+                k: v for k, v in out["metadata"].items() if not k.startswith("delta.")
+            }
+        return out
+    if isinstance(node, list):
+        return [_strip_delta_metadata(v) for v in node]
+    return node
 
 
 class DeltaFiles(InputPartition):
@@ -110,28 +202,452 @@ class DeltaFiles(InputPartition):
         self.files = files
 
 
+# --- schema: logical -> physical, compatibility ------------------------------------------
+
+
+def _physical(field: Mapping[str, Any], mode: str) -> str:
+    if mode == "none":
+        return field["name"]
+    return (field.get("metadata") or {}).get("delta.columnMapping.physicalName", field["name"])
+
+
+def _field_id(field: Mapping[str, Any]) -> int | None:
+    raw = (field.get("metadata") or {}).get("delta.columnMapping.id")
+    return None if raw is None else int(raw)
+
+
+_INTEGRAL = ("byte", "short", "integer", "long")
+_DECIMAL = re.compile(r"decimal\((\d+),\s*(-?\d+)\)")
+
+
+def _widens(old: str, new: str) -> bool:
+    """Delta type widening: values of ``old`` read losslessly as ``new``."""
+    if old == new:
+        return True
+    if old in _INTEGRAL and new in _INTEGRAL:
+        return _INTEGRAL.index(old) < _INTEGRAL.index(new)
+    if old == "float" and new == "double":
+        return True
+    if old in ("byte", "short", "integer") and new == "double":
+        return True
+    if old == "date" and new == "timestamp_ntz":
+        return True
+    m_new = _DECIMAL.fullmatch(new)
+    if m_new:
+        p2, s2 = int(m_new[1]), int(m_new[2])
+        m_old = _DECIMAL.fullmatch(old)
+        if m_old:
+            p1, s1 = int(m_old[1]), int(m_old[2])
+            return s2 >= s1 and p2 - s2 >= p1 - s1
+        digits = {"byte": 3, "short": 5, "integer": 10, "long": 20}.get(old)
+        return digits is not None and p2 - s2 >= digits
+    return False
+
+
+def _type_change(old: Any, new: Any, mode: str, path: str) -> str | None:
+    """Why data of Delta type ``old`` cannot be read as the stream's type ``new``; None if it can."""
+    if isinstance(old, str) or isinstance(new, str):
+        if isinstance(old, str) and isinstance(new, str) and _widens(old, new):
+            return None
+        return f"column {path!r} changed type from {_type_name(old)} to {_type_name(new)}"
+    if old["type"] != new["type"]:
+        return f"column {path!r} changed type from {_type_name(old)} to {_type_name(new)}"
+    if old["type"] == "struct":
+        return _struct_change(old, new, mode, path + ".")
+    if old["type"] == "array":
+        if old.get("containsNull", True) and not new.get("containsNull", True):
+            return f"the elements of column {path!r} became nullable"
+        return _type_change(old["elementType"], new["elementType"], mode, path + ".element")
+    if old["type"] == "map":
+        if old.get("valueContainsNull", True) and not new.get("valueContainsNull", True):
+            return f"the values of column {path!r} became nullable"
+        return _type_change(old["keyType"], new["keyType"], mode, path + ".key") or _type_change(
+            old["valueType"], new["valueType"], mode, path + ".value"
+        )
+    return None
+
+
+def _struct_change(old: Mapping, new: Mapping, mode: str, prefix: str = "") -> str | None:
+    """Why the stream's struct ``new`` cannot carry the table's struct ``old``; None if it can.
+
+    ``new`` may have more fields than ``old`` (they read as null): that is how a query
+    restarted on a newer schema replays versions written before the change.
+    """
+    by_name = {f["name"]: f for f in new["fields"]}
+    for f in old["fields"]:
+        path = prefix + f["name"]
+        where = f"column {path!r}"
+        g = by_name.get(f["name"])
+        if g is None:
+            return f"{where} is not in the stream's schema (added or renamed)"
+        if _physical(f, mode) != _physical(g, mode) or (
+            mode == "id" and _field_id(f) != _field_id(g)
+        ):
+            return f"{where} now maps to other data (a column was dropped or renamed)"
+        if f.get("nullable", True) and not g.get("nullable", True):
+            return f"{where} became nullable"
+        change = _type_change(f["type"], g["type"], mode, path)
+        if change:
+            return change
+    return None
+
+
+def _type_name(t: Any) -> str:
+    return t if isinstance(t, str) else t.get("type", "?")
+
+
+# --- partition values --------------------------------------------------------------------
+
+_TS = re.compile(
+    r"(\d{4,})-(\d{1,2})-(\d{1,2})[ T](\d{1,2}):(\d{1,2}):(\d{1,2})(?:\.(\d{1,9}))?"
+    r"\s*(Z|[+-]\d{2}:?\d{2}|UTC)?"
+)
+_DATE = re.compile(r"(\d{4,})-(\d{1,2})-(\d{1,2})")
+
+
+def parse_partition_value(raw: str | None, delta_type: Any) -> Any:
+    """A partition value as the log stores it (a string) -> the column's Python value."""
+    import datetime as dt
+    from decimal import Decimal
+
+    if raw is None or raw == "":  # PROTOCOL.md: an empty string for any type is null
+        return None
+    t = delta_type
+    try:
+        if t == "string":
+            return raw
+        if t in _INTEGRAL:
+            return int(raw)
+        if t in ("float", "double"):
+            return float(raw)  # also NaN, Infinity, -Infinity, inf
+        if t == "boolean":
+            if raw.lower() not in ("true", "false"):
+                raise ValueError("expected true or false")
+            return raw.lower() == "true"
+        if t == "date":
+            m = _DATE.fullmatch(raw.strip())
+            if not m:
+                raise ValueError("expected {year}-{month}-{day}")
+            return dt.date(int(m[1]), int(m[2]), int(m[3]))
+        if t in ("timestamp", "timestamp_ntz"):
+            m = _TS.fullmatch(raw.strip())
+            if not m:
+                raise ValueError("expected {year}-{month}-{day} {hour}:{minute}:{second}[.micros]")
+            micros = int(((m[7] or "") + "000000")[:6])
+            value = dt.datetime(
+                int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]), micros
+            )
+            zone = m[8]
+            if zone and zone not in ("Z", "UTC"):
+                sign = -1 if zone[0] == "-" else 1
+                digits = zone[1:].replace(":", "")
+                offset = dt.timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
+                value = value - sign * offset
+            if t == "timestamp_ntz":
+                return value
+            # no zone: the writer's zone, unknowable; read as UTC (as delta-rs does)
+            return value.replace(tzinfo=dt.timezone.utc)
+        if isinstance(t, str) and _DECIMAL.fullmatch(t):
+            return Decimal(raw)
+        if t == "binary":
+            return raw.encode("utf-8")
+    except (ValueError, ArithmeticError) as e:
+        raise SourceError(
+            f"txn-delta source: partition value {raw!r} is not a valid {t}: {e}"
+        ) from None
+    raise SourceError(
+        f"txn-delta source: partition columns of type {_type_name(t)} are unsupported"
+    )
+
+
+# --- deletion vectors --------------------------------------------------------------------
+
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+_Z85_DECODE = {c: i for i, c in enumerate(_Z85)}
+_DV_PORTABLE_MAGIC = 1681511377
+_DV_NATIVE_MAGIC = 1681511376
+
+
+def z85_decode(text: str) -> bytes:
+    if len(text) % 5:
+        raise ValueError(f"Z85 text of length {len(text)} is not a multiple of 5")
+    out = bytearray()
+    for i in range(0, len(text), 5):
+        value = 0
+        for c in text[i : i + 5]:
+            value = value * 85 + _Z85_DECODE[c]
+        out += value.to_bytes(4, "big")
+    return bytes(out)
+
+
+def _roaring32(buf: bytes, pos: int):
+    """One standard 32-bit Roaring bitmap at ``pos``: (sorted uint32 values, end position)."""
+    import numpy as np
+
+    (cookie,) = np.frombuffer(buf, "<u4", 1, pos)
+    cookie = int(cookie)
+    if cookie & 0xFFFF == 12347:  # SERIAL_COOKIE: run containers possible
+        size = (cookie >> 16) + 1
+        run_bits = buf[pos + 4 : pos + 4 + (size + 7) // 8]
+        p = pos + 4 + (size + 7) // 8
+        has_offsets = size >= 4
+    elif cookie == 12346:  # SERIAL_COOKIE_NO_RUNCONTAINER
+        size = int(np.frombuffer(buf, "<u4", 1, pos + 4)[0])
+        run_bits = b""
+        p = pos + 8
+        has_offsets = True
+    else:
+        raise ValueError(f"not a Roaring bitmap (cookie {cookie})")
+    header = np.frombuffer(buf, "<u2", 2 * size, p).reshape(size, 2).astype(np.uint32)
+    p += 4 * size + (4 * size if has_offsets else 0)
+    parts = []
+    for k in range(size):
+        key, card = int(header[k, 0]), int(header[k, 1]) + 1
+        if run_bits and run_bits[k // 8] >> (k % 8) & 1:
+            n = int(np.frombuffer(buf, "<u2", 1, p)[0])
+            runs = np.frombuffer(buf, "<u2", 2 * n, p + 2).reshape(n, 2).astype(np.uint32)
+            p += 2 + 4 * n
+            low = np.concatenate([np.arange(s, s + ln + 1, dtype=np.uint32) for s, ln in runs])
+        elif card <= 4096:
+            low = np.frombuffer(buf, "<u2", card, p).astype(np.uint32)
+            p += 2 * card
+        else:
+            words = np.frombuffer(buf, "<u8", 1024, p)
+            p += 8192
+            low = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+            low = low.astype(np.uint32)
+        parts.append((np.uint32(key) << np.uint32(16)) | low)
+    values = np.concatenate(parts) if parts else np.zeros(0, np.uint32)
+    return values, p
+
+
+def decode_deletion_vector(data: bytes):
+    """Delta's serialized RoaringBitmapArray -> sorted uint64 row indexes it deletes."""
+    import numpy as np
+
+    magic = int(np.frombuffer(data, "<u4", 1, 0)[0])
+    parts = []
+    if magic == _DV_PORTABLE_MAGIC:
+        count = int(np.frombuffer(data, "<u8", 1, 4)[0])
+        p = 12
+        for _ in range(count):
+            key = int(np.frombuffer(data, "<u4", 1, p)[0])
+            low, p = _roaring32(data, p + 4)
+            parts.append((np.uint64(key) << np.uint64(32)) | low.astype(np.uint64))
+    elif magic == _DV_NATIVE_MAGIC:
+        count = int(np.frombuffer(data, "<u4", 1, 4)[0])
+        p = 8
+        for key in range(count):
+            size = int(np.frombuffer(data, "<u4", 1, p)[0])
+            low, _ = _roaring32(data, p + 4)
+            p += 4 + size
+            parts.append((np.uint64(key) << np.uint64(32)) | low.astype(np.uint64))
+    else:
+        raise ValueError(f"unknown deletion vector format (magic number {magic})")
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+
+
+def load_deletion_vector(table_uri: str, dv: Mapping[str, Any], fs=None):
+    """The sorted row indexes a ``deletionVector`` descriptor deletes (reads its file if any)."""
+    import struct
+    import uuid
+    import zlib
+    from urllib.parse import unquote
+
+    storage, where = dv["storageType"], dv["pathOrInlineDv"]
+    size = int(dv["sizeInBytes"])
+    if int(dv.get("cardinality", 1)) == 0:
+        import numpy as np
+
+        return np.zeros(0, np.uint64)
+    try:
+        if storage == "i":
+            data = z85_decode(where)[:size]
+        elif storage in ("u", "p"):
+            if storage == "u":
+                prefix, encoded = where[:-20], where[-20:]
+                name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(encoded))}.bin"
+                path = _fs.join(table_uri, prefix, name) if prefix else _fs.join(table_uri, name)
+            else:
+                path = unquote(where)
+            if fs is None:
+                fs, _ = _fs.filesystem(table_uri)
+            with fs.open(path.removeprefix("file://"), "rb") as f:
+                f.seek(int(dv.get("offset") or 0))
+                raw = f.read(size + 8)
+            (stored_size,) = struct.unpack(">I", raw[:4])
+            data = raw[4 : 4 + size]
+            if stored_size != size or len(data) != size:
+                raise ValueError(f"size {stored_size} in the file, {size} in the log")
+            (crc,) = struct.unpack(">I", raw[4 + size : 8 + size])
+            if crc != zlib.crc32(data):
+                raise ValueError("checksum mismatch")
+        else:
+            raise ValueError(f"unknown storageType {storage!r}")
+        rows = decode_deletion_vector(data)
+    except Exception as e:
+        raise SourceError(
+            f"txn-delta source: cannot read deletion vector {dict(dv)} of {table_uri}: {e}"
+        ) from e
+    if "cardinality" in dv and len(rows) != int(dv["cardinality"]):
+        raise SourceError(
+            f"txn-delta source: deletion vector {dict(dv)} of {table_uri} holds {len(rows)} rows, "
+            f"its descriptor says {dv['cardinality']}"
+        )
+    return rows
+
+
+# --- reading a data file into the stream's Arrow schema ----------------------------------
+
+
+def _source_fields(arrow_fields, mode: str):
+    """Index the file's fields by what the mapping mode resolves columns with."""
+    out: dict[Any, int] = {}
+    for i, f in enumerate(arrow_fields):
+        if mode == "id":
+            raw = (f.metadata or {}).get(_FIELD_ID)
+            if raw is not None:
+                out[int(raw)] = i
+        else:
+            out[f.name] = i
+    return out
+
+
+def _lookup(index: Mapping[Any, int], field: Mapping[str, Any], mode: str) -> int | None:
+    if mode == "id":
+        fid = _field_id(field)
+        return None if fid is None else index.get(fid)
+    return index.get(_physical(field, mode))
+
+
+def _conform(arr, target, delta_type: Any, mode: str, where: str):
+    """An Arrow array read from a file -> the stream's Arrow type, resolving nested fields."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(target):
+        if not pa.types.is_struct(arr.type):
+            raise SourceError(f"txn-delta source: {where} is {arr.type} in the file, not a struct")
+        children = arr.flatten()
+        index = _source_fields(list(arr.type), mode)
+        by_name = {f["name"]: f for f in delta_type["fields"]}
+        cols = []
+        for field in target:
+            df = by_name.get(field.name)
+            if df is None:
+                raise SourceError(f"txn-delta source: {where}.{field.name} is not in the table")
+            i = _lookup(index, df, mode)
+            if i is None:
+                cols.append(pa.nulls(len(arr), field.type))
+            else:
+                cols.append(
+                    _conform(children[i], field.type, df["type"], mode, where + "." + field.name)
+                )
+        return pa.StructArray.from_arrays(
+            cols, fields=list(target), mask=arr.is_null() if arr.null_count else None
+        )
+    if pa.types.is_list(target) or pa.types.is_large_list(target):
+        if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+            raise SourceError(f"txn-delta source: {where} is {arr.type} in the file, not a list")
+        values = _conform(
+            arr.values, target.value_type, delta_type["elementType"], mode, where + ".element"
+        )
+        cls = pa.LargeListArray if pa.types.is_large_list(target) else pa.ListArray
+        offsets = arr.offsets.cast(pa.int64() if cls is pa.LargeListArray else pa.int32())
+        return cls.from_arrays(
+            offsets, values, type=target, mask=arr.is_null() if arr.null_count else None
+        )
+    if pa.types.is_map(target):
+        if not pa.types.is_map(arr.type):
+            raise SourceError(f"txn-delta source: {where} is {arr.type} in the file, not a map")
+        keys = _conform(arr.keys, target.key_type, delta_type["keyType"], mode, where + ".key")
+        items = _conform(
+            arr.items, target.item_type, delta_type["valueType"], mode, where + ".value"
+        )
+        return pa.MapArray.from_arrays(
+            arr.offsets, keys, items, type=target, mask=arr.is_null() if arr.null_count else None
+        )
+    if arr.type == target:
+        return arr
+    try:
+        return arr.cast(target, safe=not pa.types.is_timestamp(target))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise SourceError(
+            f"txn-delta source: {where} is {arr.type} in the file and cannot be read as {target}: {e}"
+        ) from e
+
+
+def _partition_column(value: Any, target, n: int, where: str):
+    import pyarrow as pa
+
+    if value is None:
+        return pa.nulls(n, target)
+    try:
+        return pa.repeat(pa.scalar(value, type=target), n)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+        raise SourceError(
+            f"txn-delta source: partition value {value!r} of {where} does not fit {target}: {e}"
+        ) from e
+
+
+# --- the reader --------------------------------------------------------------------------
+
+
 class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: DeltaSourceOptions, schema) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         self.opts = opts
-        self.arrow_schema = to_arrow_schema(schema)
-        self.partition_columns = list(opts.table().metadata().partition_columns)
-        self._changes: dict[tuple[int, bool], list[DeltaFile]] = {}
+        self.arrow_schema = spark_to_arrow_schema(schema)
+        dt = opts.table()
+        self.protocol = _Protocol.of(dt.protocol())
+        problem = _protocol_problem(self.protocol)
+        if problem:
+            raise SourceError(f"txn-delta source: {opts.path} {problem}")
+        self.configuration = dict(dt.metadata().configuration or {})
+        self.mode = _mapping_mode(self.configuration, self.protocol)
+        # the Delta schema the stream was built from (physical names, ids, types)
+        self.table_schema = json.loads(dt.schema().to_json())
+        self.schema_version = dt.version()
+        by_name = {f["name"]: f for f in self.table_schema["fields"]}
+        by_lower = {f["name"].lower(): f for f in self.table_schema["fields"]}
+        self.fields: list[dict] = []
+        for field in self.arrow_schema:
+            df = by_name.get(field.name) or by_lower.get(field.name.lower())
+            if df is None:
+                raise SourceError(
+                    f"txn-delta source: column {field.name!r} of the stream's schema is not in "
+                    f"the Delta table {opts.path} (columns: {sorted(by_name)})"
+                )
+            self.fields.append(df)
+        # physical name (a partition value's key in the log) -> the stream's column
+        self.column_of_physical = {
+            _physical(df, self.mode): field.name
+            for field, df in zip(self.arrow_schema, self.fields, strict=True)
+        }
+        self._changes: dict[tuple[int, bool], ChangeSet] = {}
         self.target_version: int | None = None
         self.current: dict | None = None
         self.fs, self.root = _fs.filesystem(opts.path, dict(opts.fs_options))
 
+    def __getstate__(self) -> dict[str, Any]:
+        # read() runs on executors from a pickled copy: the file lists stay on the driver
+        state = dict(self.__dict__)
+        state["_changes"] = {}
+        state.pop("fs", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.fs, self.root = _fs.filesystem(self.opts.path, dict(self.opts.fs_options))
+
     # --- file lists per version (cached: they never change) ---------------------
 
-    def _file(self, rel: str, partition_values: Mapping[str, Any]) -> DeltaFile:
+    def _file(self, rel: str, partition_values: Mapping[str, Any], dv) -> DeltaFile:
         from urllib.parse import unquote
 
         uri = rel if "://" in rel else _fs.join(self.opts.path, unquote(rel))
-        pv = tuple(sorted((k, None if v is None else str(v)) for k, v in partition_values.items()))
-        return DeltaFile(uri, pv)
+        pv = tuple(sorted(partition_values.items()))
+        return DeltaFile(uri, pv, None if not dv else tuple(sorted(dv.items())))
 
-    def _change_set(self, version: int, snapshot: bool) -> list[DeltaFile]:
+    def _change_set(self, version: int, snapshot: bool) -> ChangeSet:
         key = (version, snapshot)
         if key not in self._changes:
             self._changes[key] = (
@@ -139,46 +655,124 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         return self._changes[key]
 
-    def _snapshot_files(self, version: int) -> list[DeltaFile]:
-        dt = self.opts.table(version)
+    def _table_problem(
+        self, version: int, protocol: _Protocol, configuration: Mapping, schema: Mapping
+    ) -> str | None:
+        """Why a version with this protocol, configuration and schema cannot be streamed.
+
+        The stream's schema is the table's at ``schema_version``. Files of versions up to
+        there are read by that schema's mapping (physical names never move; a column a file
+        lacks is null): that is how a restarted query replays a renamed or widened history.
+        A later version whose schema the stream's cannot carry stops the stream.
+        """
+        problem = _protocol_problem(protocol)
+        if problem:
+            return problem
+        if version <= self.schema_version:
+            return None
+        mode = _mapping_mode(configuration, protocol)
+        if mode != self.mode:
+            change = f"column mapping mode changed from {self.mode!r} to {mode!r}"
+        else:
+            change = _struct_change(schema, self.table_schema, self.mode)
+        return f"{change}. Restart the query to read the new schema." if change else None
+
+    def _stop(self, version: int, why: str) -> ChangeSet:
+        return ChangeSet(
+            (),
+            f"txn-delta source: version {version} of {self.opts.path} cannot be streamed: {why}",
+        )
+
+    def _snapshot_files(self, version: int) -> ChangeSet:
         import pyarrow as pa
 
-        actions = pa.table(dt.get_add_actions(flatten=False)).to_pylist()
-        if any(a.get("deletionVector") for a in actions):
-            raise SourceError(
-                f"txn-delta source: {self.opts.path} uses deletion vectors (unsupported)"
-            )
-        files = [self._file(a["path"], a.get("partition_values") or {}) for a in actions]
-        return sorted(files, key=lambda f: f.uri)
-
-    def _commit_files(self, version: int) -> list[DeltaFile]:
-        path = _fs.join(self.root, "_delta_log", f"{version:020d}.json")
-        if not self.fs.exists(path):
-            raise SourceError(
-                f"txn-delta source: commit {version} of {self.opts.path} is no longer in the Delta "
-                "log (log retention cleaned it up): those offsets cannot be replayed. Restart from "
-                "a snapshot (startingVersion=snapshot with a new checkpoint)."
-            )
-        with self.fs.open(path, "r") as f:
-            actions = [json.loads(line) for line in f if line.strip()]
+        dt = self.opts.table(version)
+        protocol = _Protocol.of(dt.protocol())
+        configuration = dt.metadata().configuration or {}
+        schema = json.loads(dt.schema().to_json())
+        problem = self._table_problem(version, protocol, configuration, schema)
+        if problem:
+            return self._stop(version, problem)
+        # deltalake lists partition values by the logical names of this version: to the
+        # stream's columns through the physical names, which a rename does not move
+        mode = _mapping_mode(configuration, protocol)
+        physical = {f["name"]: _physical(f, mode) for f in schema["fields"]}
+        actions = pa.table(dt.get_add_actions(flatten=False))
+        paths = actions.column("path").to_pylist()
+        if "partition" in actions.column_names:
+            partitions = actions.column("partition").to_pylist()
+        else:
+            partitions = [{}] * len(paths)
+        dvs: dict[str, Any] = {}
+        if protocol.min_reader_version == 3 and "deletionVectors" in (
+            protocol.reader_features or []
+        ):
+            dvs = _snapshot_deletion_vectors(self.fs, self.root, version, paths)
         files = []
+        for path, parts in zip(paths, partitions, strict=True):
+            values = {}
+            for key, value in (parts or {}).items():
+                name = self.column_of_physical.get(physical.get(key, key))
+                if name is not None:
+                    values[name] = value
+            files.append(self._file(path, values, dvs.get(path)))
+        return ChangeSet(tuple(sorted(files, key=lambda f: f.uri)))
+
+    def _commit_files(self, version: int) -> ChangeSet:
+        actions = _read_commit(self.fs, self.root, version, self.opts.path)
+        files = []
+        types = {
+            field.name: df["type"] for field, df in zip(self.arrow_schema, self.fields, strict=True)
+        }
+        problem = self._commit_problem(version, actions)
+        if problem:
+            return self._stop(version, problem)
         for action in actions:
             if "remove" in action and action["remove"].get("dataChange", True):
                 if self.opts.ignore_changes:
                     continue
-                raise SourceError(
-                    f"txn-delta source: commit {version} of {self.opts.path} removes data "
-                    f"({action['remove']['path']}); only appends can be streamed. Set option "
-                    "ignoreChanges=true to skip such commits."
+                return self._stop(
+                    version,
+                    f"it removes data ({action['remove']['path']}); only appends can be "
+                    "streamed. Set option ignoreChanges=true to stream the files such commits "
+                    "add and ignore what they remove.",
                 )
             add = action.get("add")
             if add and add.get("dataChange", True):
-                if add.get("deletionVector"):
-                    raise SourceError(
-                        f"txn-delta source: commit {version} uses deletion vectors (unsupported)"
-                    )
-                files.append(self._file(add["path"], add.get("partitionValues") or {}))
-        return files
+                values = {}
+                for key, raw in (add.get("partitionValues") or {}).items():
+                    name = self.column_of_physical.get(key)
+                    if name is not None:
+                        values[name] = parse_partition_value(raw, types[name])
+                files.append(self._file(add["path"], values, add.get("deletionVector")))
+        return ChangeSet(tuple(files))
+
+    def _commit_problem(self, version: int, actions: list[dict]) -> str | None:
+        protocol = next((a["protocol"] for a in actions if "protocol" in a), None)
+        meta = next((a["metaData"] for a in actions if "metaData" in a), None)
+        if protocol is None and meta is None:
+            return None
+        if version <= self.schema_version:  # read by the stream's (newer) schema: see above
+            return _protocol_problem(_Protocol.of(protocol)) if protocol else None
+        # the version's own snapshot knows the protocol and metadata in effect together
+        # (column mapping is honoured only with its feature); the actions, if it is gone
+        try:
+            dt = self.opts.table(version)
+        except SourceError:
+            dt = None
+        if dt is not None:
+            return self._table_problem(
+                version,
+                _Protocol.of(dt.protocol()),
+                dt.metadata().configuration or {},
+                json.loads(dt.schema().to_json()),
+            )
+        return self._table_problem(
+            version,
+            _Protocol.of(protocol) if protocol else self.protocol,
+            (meta or {}).get("configuration") or self.configuration,
+            json.loads(meta["schemaString"]) if meta else self.table_schema,
+        )
 
     # --- offsets ----------------------------------------------------------------
 
@@ -190,13 +784,19 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return canonical({"version": latest + 1, "index": 0, "snapshot": False})
         return canonical({"version": int(self.opts.starting), "index": 0, "snapshot": False})
 
-    def _files_from(self, start: dict, last_version: int):
-        """(position, file) from ``start`` through ``last_version``, in offset order."""
+    def _files_from(self, start: dict, last_version: int) -> Iterator[tuple[tuple, Any]]:
+        """(position, file) from ``start`` through ``last_version``, in offset order.
+
+        A version that cannot be streamed yields ``(position, ChangeSet)`` and ends the walk.
+        """
         version, index, snap = start["version"], start["index"], start["snapshot"]
         while version <= last_version:
-            files = self._change_set(version, snap)
-            for i in range(index, len(files)):
-                yield (version, i, snap), files[i]
+            changes = self._change_set(version, snap)
+            if changes.error:
+                yield (version, 0, snap), changes
+                return
+            for i in range(index, len(changes.files)):
+                yield (version, i, snap), changes.files[i]
             version, index, snap = version + 1, 0, False
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
@@ -205,7 +805,12 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.target_version is not None:
             latest = min(latest, self.target_version)
         taken, end = 0, {"version": latest + 1, "index": 0, "snapshot": False}
-        for (v, i, snap), _ in self._files_from(start, latest):
+        for (v, i, snap), item in self._files_from(start, latest):
+            if isinstance(item, ChangeSet):  # stop before it; fail once nothing precedes it
+                if not taken:
+                    raise SourceError(item.error)
+                end = {"version": v, "index": 0, "snapshot": snap}
+                break
             if taken == self.opts.max_files_per_batch:
                 end = {"version": v, "index": i, "snapshot": snap}
                 break
@@ -223,29 +828,214 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for pos, f in self._files_from(start, last):
             if pos == stop:
                 break
+            if isinstance(f, ChangeSet):
+                raise SourceError(f.error)
             files.append(f)
         return [DeltaFiles([f]) for f in files]
 
     def read(self, partition: DeltaFiles):
+        for f in partition.files:
+            yield from self._read_file(f)
+
+    def _read_file(self, f: DeltaFile):
+        import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        fs, _ = _fs.filesystem(self.opts.path, dict(self.opts.fs_options))
-        data_names = [n for n in self.arrow_schema.names if n not in self.partition_columns]
-        for f in partition.files:
-            with fs.open(f.uri.removeprefix("file://"), "rb") as fh:
-                pf = pq.ParquetFile(fh)
-                for batch in pf.iter_batches(batch_size=65536, columns=data_names):
-                    cols = []
-                    values = dict(f.partition_values)
-                    for field in self.arrow_schema:
-                        if field.name in values:
-                            cols.append(
-                                pa.array([values[field.name]] * batch.num_rows).cast(field.type)
-                            )
-                        else:
-                            cols.append(batch.column(field.name).cast(field.type))
-                    yield pa.RecordBatch.from_arrays(cols, schema=self.arrow_schema)
+        deleted = None
+        if f.deletion_vector:
+            deleted = load_deletion_vector(self.opts.path, dict(f.deletion_vector), self.fs)
+        values = dict(f.partition_values)
+        with self.fs.open(f.uri.removeprefix("file://"), "rb") as fh:
+            try:
+                pf = pq.ParquetFile(fh, coerce_int96_timestamp_unit="us")
+            except Exception as e:
+                raise SourceError(f"txn-delta source: cannot read data file {f.uri}: {e}") from e
+            file_fields = list(pf.schema_arrow)
+            index = _source_fields(file_fields, self.mode)
+            if self.mode == "id" and not index and file_fields:
+                raise SourceError(
+                    f"txn-delta source: data file {f.uri} has no parquet field ids, which column "
+                    "mapping mode 'id' needs to resolve its columns"
+                )
+            plan = []  # per stream column: ('part', value) | ('file', i) | ('null',)
+            wanted: list[int] = []
+            for field, df in zip(self.arrow_schema, self.fields, strict=True):
+                if field.name in values:
+                    plan.append(("part", values[field.name]))
+                    continue
+                i = _lookup(index, df, self.mode)
+                if i is None:
+                    plan.append(("null",))
+                else:
+                    plan.append(("file", len(wanted)))
+                    wanted.append(i)
+            names = [file_fields[i].name for i in wanted]
+            row = 0
+            for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=names):
+                n = batch.num_rows
+                cols = []
+                for field, df, step in zip(self.arrow_schema, self.fields, plan, strict=True):
+                    where = f"column {field.name!r} of {f.uri}"
+                    if step[0] == "part":
+                        cols.append(_partition_column(step[1], field.type, n, where))
+                    elif step[0] == "null":
+                        cols.append(pa.nulls(n, field.type))
+                    else:
+                        column = batch.column(names[step[1]])
+                        cols.append(_conform(column, field.type, df["type"], self.mode, where))
+                out = pa.RecordBatch.from_arrays(cols, schema=self.arrow_schema)
+                if deleted is not None and len(deleted):
+                    lo, hi = np.searchsorted(deleted, [row, row + n])
+                    if hi > lo:
+                        keep = np.ones(n, dtype=bool)
+                        keep[(deleted[lo:hi] - row).astype(np.int64)] = False
+                        out = out.filter(pa.array(keep))
+                row += n
+                if out.num_rows:
+                    yield out
 
     def commit(self, end: dict) -> None:
-        pass  # replayable: nothing to acknowledge
+        # replayable: nothing to acknowledge; file lists before ``end`` are not asked again
+        # (a replay would just list them again), so a long-running query's cache stays small
+        self._changes = {k: v for k, v in self._changes.items() if k[0] >= end["version"]}
+
+
+# --- the log -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Protocol:
+    min_reader_version: int
+    reader_features: list[str] | None
+
+    @classmethod
+    def of(cls, protocol: Any) -> _Protocol:
+        """From a log ``protocol`` action or deltalake's ``ProtocolVersions``."""
+        if isinstance(protocol, Mapping):
+            return cls(int(protocol.get("minReaderVersion", 1)), protocol.get("readerFeatures"))
+        return cls(int(protocol.min_reader_version), list(protocol.reader_features or []) or None)
+
+
+def _protocol_problem(protocol) -> str | None:
+    version = int(protocol.min_reader_version)
+    if version > 3:
+        return f"needs Delta reader version {version}; this source reads versions 1 to 3"
+    if version == 3:
+        unknown = sorted(set(protocol.reader_features or []) - SUPPORTED_READER_FEATURES)
+        if unknown:
+            return (
+                f"uses Delta reader feature(s) {unknown}, which this source does not implement "
+                f"(it implements {sorted(SUPPORTED_READER_FEATURES)})"
+            )
+    return None
+
+
+def _mapping_mode(configuration: Mapping[str, Any], protocol: _Protocol) -> str:
+    """The column mapping mode in effect: the table property counts only when the protocol
+    supports the feature (reader version 2, or 3 listing ``columnMapping``), PROTOCOL.md says."""
+    supported = protocol.min_reader_version == 2 or (
+        protocol.min_reader_version == 3 and "columnMapping" in (protocol.reader_features or [])
+    )
+    if not supported:
+        return "none"
+    mode = str(configuration.get("delta.columnMapping.mode") or "none").lower()
+    if mode not in ("none", "name", "id"):
+        raise SourceError(f"txn-delta source: unknown column mapping mode {mode!r}")
+    return mode
+
+
+def _read_commit(fs, root: str, version: int, uri: str) -> list[dict]:
+    path = _fs.join(root, "_delta_log", f"{version:020d}.json")
+    if not fs.exists(path):
+        raise SourceError(
+            f"txn-delta source: commit {version} of {uri} is no longer in the Delta "
+            "log (log retention cleaned it up): those offsets cannot be replayed. Restart from "
+            "a snapshot (startingVersion=snapshot with a new checkpoint)."
+        )
+    with fs.open(path, "r", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+_CHECKPOINT = re.compile(
+    r"(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10})|\.([0-9a-fA-F-]{36}))?\.(parquet|json)"
+)
+
+
+def _snapshot_deletion_vectors(fs, root: str, version: int, paths: list[str]) -> dict[str, Any]:
+    """path -> deletionVector of the live ``paths`` at ``version`` (deltalake 1.6's add-action
+    listing has none): the newest add of each path, from the commits back to a checkpoint."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    log = _fs.join(root, "_delta_log")
+    names = [n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(log, detail=False)]
+    parts: dict[int, dict[Any, set]] = {}
+    for n in names:
+        m = _CHECKPOINT.fullmatch(n)
+        if m and int(m[1]) <= version:
+            kind = ("multi", int(m[3])) if m[2] else ("single", n)
+            parts.setdefault(int(m[1]), {}).setdefault(kind, set()).add(n)
+    base, base_files = -1, []
+    for v in sorted(parts, reverse=True):
+        for (kind, arg), files in parts[v].items():
+            if kind == "single" or len(files) == arg:
+                base, base_files = v, sorted(files)
+                break
+        if base >= 0:
+            break
+    need, found = set(paths), {}
+    for v in range(version, base, -1):
+        if not need:
+            break
+        for action in _read_commit(fs, root, v, root):
+            add = action.get("add")
+            if add and add["path"] in need:
+                found[add["path"]] = add.get("deletionVector")
+                need.discard(add["path"])
+    if not need:
+        return found
+    wanted = pa.array(sorted(need), pa.string())
+
+    def take(adds) -> None:
+        for a in adds:
+            if a and a["path"] in need:
+                found[a["path"]] = a.get("deletionVector")
+                need.discard(a["path"])
+
+    def from_parquet(path: str) -> list[str]:
+        sidecars: list[str] = []
+        with fs.open(path, "rb") as fh:
+            pf = pq.ParquetFile(fh)
+            cols = [c for c in ("add", "sidecar") if c in pf.schema_arrow.names]
+            for batch in pf.iter_batches(columns=cols):
+                if "add" in cols:
+                    add = batch.column("add")
+                    hit = pc.fill_null(pc.is_in(pc.struct_field(add, "path"), wanted), False)
+                    take(add.filter(hit).to_pylist())
+                if "sidecar" in cols:
+                    sidecars += [s["path"] for s in batch.column("sidecar").to_pylist() if s]
+        return sidecars
+
+    sidecars: list[str] = []
+    for name in base_files:
+        path = _fs.join(log, name)
+        if name.endswith(".json"):
+            with fs.open(path, "r", encoding="utf-8") as fh:
+                lines = [json.loads(line) for line in fh if line.strip()]
+            take(a.get("add") for a in lines)
+            sidecars += [a["sidecar"]["path"] for a in lines if "sidecar" in a]
+        else:
+            sidecars += from_parquet(path)
+    for sidecar in sidecars:
+        if "://" not in sidecar and not sidecar.startswith("/"):
+            sidecar = _fs.join(log, "_sidecars", sidecar)
+        from_parquet(sidecar.removeprefix("file://"))
+    if need:
+        raise SourceError(
+            f"txn-delta source: the Delta log of {root} has no add action for "
+            f"{sorted(need)[:3]} at or before version {version}: cannot find their deletion "
+            "vectors"
+        )
+    return found

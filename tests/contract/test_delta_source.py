@@ -115,3 +115,33 @@ def test_bad_options(table, options, message):
         DeltaSourceOptions.parse({"path": table, **options})
     with pytest.raises(ConfigError, match="path"):
         DeltaSourceOptions.parse({})
+
+
+def test_timestamp_columns_and_partitioned_snapshot(tmp_path):
+    """Issue "Real data" 1 and 5: a TIMESTAMP column crashed the reader, and the default
+    snapshot mode could not read a partitioned table (partition values are not in files)."""
+    import datetime as dt
+
+    path = str(tmp_path / "t")
+    ts = dt.datetime(2021, 1, 1, 1, 2, 3, 456789, tzinfo=dt.timezone.utc)
+    t = pa.table(
+        {
+            "id": pa.array([1, 2], pa.int64()),
+            "ts": pa.array([ts, None], pa.timestamp("us", tz="UTC")),
+            "p": ["x", None],
+        }
+    )
+    write_deltalake(path, t, partition_by=["p"])
+    r = reader(path)
+    start = r.initialOffset()
+    end = r.latestOffset(start, None)
+    got = [row for part in r.partitions(start, end) for b in r.read(part) for row in b.to_pylist()]
+    assert sorted(got, key=lambda row: row["id"]) == t.to_pylist()
+
+
+def test_commit_forgets_file_lists_before_the_committed_offset(table):
+    r = reader(table, startingVersion="0", maxFilesPerBatch="1")
+    batches = drain(r)
+    assert len(r._changes) == 3
+    r.commit(batches[1][1])
+    assert sorted(r._changes) == [(2, False)]
