@@ -64,15 +64,24 @@ class PipelineRunner:
         assert got.num_rows == total, f"{got.num_rows} rows, expected {total}"
         assert got.select(want.column_names).equals(want)
 
-    def staged_files(self) -> set[str]:
+    def data_files(self) -> set[str]:
+        """Every parquet file in the table's folder (the log's and any others)."""
         root = Path(self.target)
-        return {str(p.relative_to(root)) for p in (root / STAGING_ROOT).rglob("*") if p.is_file()}
+        return {
+            str(p.relative_to(root))
+            for p in root.rglob("*.parquet")
+            if "_delta_log" not in p.relative_to(root).parts
+        }
 
     def assert_no_orphans(self) -> None:
+        """No data file outside the Delta log is left once the pipeline is done."""
         live = set(DeltaTable(self.target).file_uris())
         live = {os.path.relpath(u.removeprefix("file://"), self.target) for u in live}
-        orphans = self.staged_files() - live
-        assert not orphans, f"orphan staged files: {sorted(orphans)}"
+        orphans = self.data_files() - live
+        assert not orphans, f"orphan data files: {sorted(orphans)}"
+        staged = Path(self.target) / STAGING_ROOT
+        stray = [p for p in staged.rglob("*") if p.is_file() and not p.name.endswith(".dir")]
+        assert not stray, f"data in the staging area: {stray}"
 
     def record_store(self) -> RecordStore:
         return RecordStore(DeltaEventLog(os.path.join(self.checkpoint, "pyspark_txn", "records")))

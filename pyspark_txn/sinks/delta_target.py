@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +20,13 @@ from .. import _fs
 from .._delta import open_table
 from ..errors import CheckpointMismatchError, ConfigError, CorruptSnapshotError
 from ..state import SnapshotRecord, TxnHandle
-from .staging import STAGING_ROOT, parse_snapshot_dir, snapshot_dir
+from .staging import (
+    MARKER_SUFFIX,
+    STAGING_ROOT,
+    data_file_prefix,
+    parse_snapshot_dir,
+    snapshot_dir,
+)
 from .twophase import Target
 
 log = logging.getLogger(__name__)
@@ -149,13 +156,21 @@ class DeltaTarget(Target):
             )
 
     def _check_no_foreign_files(self) -> None:
-        """A new table is created only where nothing but our own staging is."""
+        """A new table is created only where nothing but this sink's own files are: its
+        staging area, and data files of earlier attempts (a first batch that crashed
+        before the table was created leaves them in the root or ``col=value/`` folders)."""
         if not self.fs.isdir(self.root):
             return
-        names = sorted(
-            n.rstrip("/").rsplit("/", 1)[-1] for n in self.fs.ls(self.root, detail=False)
-        )
-        foreign = [n for n in names if n != STAGING_ROOT]
+        ours = f"part-{self.sink_id}-"
+        root = self.root.rstrip("/") + "/"
+        foreign = []
+        for path in self.fs.find(self.root):
+            rel = path[len(root) :] if path.startswith(root) else path
+            if rel.split("/", 1)[0] == STAGING_ROOT or os.path.basename(rel).startswith(ours):
+                continue
+            foreign.append(rel)
+            if len(foreign) > 5:
+                break
         if foreign:
             shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
             raise ConfigError(
@@ -169,32 +184,63 @@ class DeltaTarget(Target):
     def _abs(self, rel: str) -> str:
         return _fs.join(self.root, rel)
 
-    def _staged_files(self, snapshot_id: int, token: str) -> dict[str, int]:
-        """Relative path -> size of every file staged for one attempt."""
+    def _markers(self, snapshot_id: int, token: str) -> dict[str, int]:
+        """Everything in an attempt's staging folder: marker path -> size (relative)."""
         base = self._abs(snapshot_dir(self.sink_id, snapshot_id, token))
         if not self.fs.exists(base):
             return {}
-        found = self.fs.find(base, detail=True)
         prefix = self.root.rstrip("/") + "/"
-        out = {}
-        for path, info in found.items():
-            rel = path[len(prefix) :] if path.startswith(prefix) else path
-            out[rel] = info["size"]
-        return out
+        return {
+            (path[len(prefix) :] if path.startswith(prefix) else path): info["size"]
+            for path, info in self.fs.find(base, detail=True).items()
+        }
+
+    def _attempt_files(
+        self, snapshot_id: int, token: str, committed: Iterable[str] = ()
+    ) -> dict[str, int]:
+        """Relative path -> size of every data file of one attempt, found through its
+        markers. Folders marked only by task attempts whose files are all in
+        ``committed`` are not listed: a task that finished has no other files."""
+        committed = set(committed)
+        done_attempts = {_file_task_attempt(os.path.basename(h)) for h in committed}
+        prefix = data_file_prefix(self.sink_id, snapshot_id, token)
+        files: dict[str, int] = {}
+        folders: set[str] = set()
+        for rel, size in self._markers(snapshot_id, token).items():
+            name = os.path.basename(rel)
+            if not name.endswith(MARKER_SUFFIX):
+                files[rel] = size  # the earlier layout: data files in the attempt's folder
+                continue
+            if _marker_task_attempt(name) in done_attempts:
+                continue
+            with self.fs.open(self._abs(rel), "r") as f:
+                folders.add(f.read())
+        root = self.root.rstrip("/") + "/"
+        for folder in folders:
+            path = self._abs(folder) if folder else self.root
+            if not self.fs.isdir(path):
+                continue
+            for info in self.fs.ls(path, detail=True):
+                entry = info["name"]
+                if os.path.basename(entry).startswith(prefix):
+                    files[entry[len(root) :] if entry.startswith(root) else entry] = info["size"]
+        return files
 
     def verify_staged(self, snapshot_id: int, token: str, txns: Sequence[TxnHandle]) -> None:
         """Every file is there with its size, and its parquet footer has the promised rows."""
         import pyarrow.parquet as pq
 
-        present = self._staged_files(snapshot_id, token)
-        bad = [
-            f"{t.handle} (expected {t.bytes} bytes, found "
-            f"{'nothing' if t.handle not in present else present[t.handle]})"
-            for t in txns
-            if present.get(t.handle) != t.bytes
-        ]
+        bad = []
         for t in txns:
-            if present.get(t.handle) != t.bytes:
+            try:
+                size = self.fs.info(self._abs(t.handle))["size"]
+            except FileNotFoundError:
+                size = None
+            if size != t.bytes:
+                bad.append(
+                    f"{t.handle} (expected {t.bytes} bytes, found "
+                    f"{'nothing' if size is None else size})"
+                )
                 continue
             try:
                 with self.fs.open(self._abs(t.handle), "rb") as f:
@@ -212,22 +258,34 @@ class DeltaTarget(Target):
 
     def discard(self, snapshot_id: int, token: str, keep: Iterable[str] = ()) -> None:
         keep = set(keep)
-        base = self._abs(snapshot_dir(self.sink_id, snapshot_id, token))
-        if not keep:
-            if self.fs.exists(base):
-                self.fs.rm(base, recursive=True)
-            return
         stray = [
-            self._abs(rel) for rel in self._staged_files(snapshot_id, token) if rel not in keep
+            self._abs(rel)
+            for rel in self._attempt_files(snapshot_id, token, committed=keep)
+            if rel not in keep
         ]
         if stray:
             log.info(
-                "sink %s: removing %d stray staged files of snapshot %d",
+                "sink %s: removing %d uncommitted files of snapshot %d",
                 self.sink_id,
                 len(stray),
                 snapshot_id,
             )
             self.fs.rm(stray)
+
+    def forget(self, snapshot_id: int, token: str) -> None:
+        markers = [
+            self._abs(rel)
+            for rel in self._markers(snapshot_id, token)
+            if rel.endswith(MARKER_SUFFIX)
+        ]
+        if markers:
+            self.fs.rm(markers)
+        base = self._abs(snapshot_dir(self.sink_id, snapshot_id, token))
+        try:
+            if self.fs.exists(base) and not self.fs.ls(base, detail=False):
+                self.fs.rmdir(base)
+        except OSError:  # a late marker, or a folder of the earlier layout: keep it
+            log.debug("sink %s: staging folder %s kept", self.sink_id, base, exc_info=True)
 
     def staged_attempts(self) -> set[tuple[int, str]]:
         base = self._abs(f"{STAGING_ROOT}/{self.sink_id}")
@@ -383,6 +441,16 @@ class DeltaTarget(Target):
             "another query writes to this table as the same sink id. Give every query its "
             "own sinkId; then abandon this snapshot (`pyspark-txn abandon`) or restore."
         )
+
+
+def _file_task_attempt(name: str) -> str:
+    """``<partition>-<attempt>`` of a data file ``part-...-<partition>-<attempt>-<n>.parquet``."""
+    return "-".join(name.rsplit("-", 3)[1:3])
+
+
+def _marker_task_attempt(name: str) -> str:
+    """``<partition>-<attempt>`` of a marker ``<partition>-<attempt>-<k>.dir``."""
+    return "-".join(name.split("-")[:2])
 
 
 def check_writable_schema(schema) -> None:

@@ -1,9 +1,14 @@
 """Phase 1 for Delta targets: stage a partition's rows as parquet files.
 
-Staged files live inside the table directory under
-``txn-staged/<sink id>/<snapshot id>-<token>/``: invisible to readers until phase 2
-adds them to the Delta log, removable by anyone who knows the snapshot id,
-and (no leading underscore) cleaned by VACUUM if ever left behind.
+Data files are written where Delta readers expect them: the table root, or
+``col=value/`` folders for partitioned tables, named
+``part-<sink id>-<snapshot id>-<token>-<partition>-<attempt>-<n>.parquet``. They
+are invisible to readers until phase 2 adds them to the Delta log. Before a
+task creates the first file in a folder it writes a *marker* naming that
+folder into ``txn-staged/<sink id>/<snapshot id>-<token>/``, so every file of an
+attempt (of a crashed task too) is found by listing its markers' folders for
+the attempt's name prefix. Leftovers have no leading underscore, so VACUUM
+removes them too if we never get to.
 
 Throughput: the task's thread keeps receiving rows from the JVM while one
 encoder thread per partition writes the previous row group (pyarrow encodes
@@ -22,7 +27,7 @@ import os
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
@@ -38,8 +43,9 @@ PARQUET_CODECS = ("snappy", "zstd", "lz4", "gzip", "none")
 
 
 def snapshot_dir(sink_id: str, snapshot_id: int, token: str) -> str:
-    """Relative to the table root: one folder per allocation (id zero-padded so names sort,
-    token so that two sinks sharing an id never share a folder)."""
+    """The attempt's folder in the staging area, relative to the table root (id zero-padded
+    so names sort, token so that two sinks sharing an id never share a folder). It holds
+    the attempt's *markers*; the data files live where Delta readers expect them."""
     name = f"{snapshot_id:012d}-{token}" if token else f"{snapshot_id:012d}"
     return f"{STAGING_ROOT}/{sink_id}/{name}"
 
@@ -51,6 +57,30 @@ def parse_snapshot_dir(name: str) -> tuple[int, str] | None:
     if not sid.isdigit() or not (token.isalnum() or token == ""):
         return None
     return int(sid), token
+
+
+def data_file_prefix(sink_id: str, snapshot_id: int, token: str) -> str:
+    """Every data file of one attempt starts with this name, in whatever folder it is."""
+    return f"part-{sink_id}-{snapshot_id:012d}-{token}-"
+
+
+MARKER_SUFFIX = ".dir"
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+_PATH_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def hive_dir(partition_values: Mapping[str, str | None]) -> str:
+    """``col=value/...`` with every byte outside ``[A-Za-z0-9._-]`` percent-encoded (as
+    delta-rs writes them), null as Hive's default partition."""
+
+    def enc(text: str) -> str:
+        return "".join(
+            c if c in _PATH_SAFE else "".join(f"%{b:02X}" for b in c.encode()) for c in text
+        )
+
+    return "/".join(
+        f"{enc(col)}={HIVE_NULL if v is None else enc(v)}" for col, v in partition_values.items()
+    )
 
 
 @dataclass(frozen=True)
@@ -416,6 +446,7 @@ class _RollingFile:
         self.file = None
         self.path = ""
         self.file_rows = 0
+        self.rel_dir = hive_dir(partition_values)
 
     def add(self, batch) -> None:
         self.buffer.append(batch)
@@ -438,7 +469,7 @@ class _RollingFile:
         import pyarrow.parquet as pq
 
         if self.writer is None:
-            self.path, raw = self.stager.open_new_file()
+            self.path, raw = self.stager.open_new_file(self.rel_dir)
             self.file = _ChecksumWriter(raw, self.stager.local)
             self.writer = pq.ParquetWriter(
                 self.file,
@@ -520,8 +551,10 @@ class PartitionStager:
         self.table_root = cfg.table_uri
         self.fs, self.fs_root = _fs.filesystem(cfg.table_uri, dict(cfg.fs_options))
         self.local = _fs.is_local(cfg.table_uri)
-        self.rel_dir = snapshot_dir(cfg.sink_id, snapshot_id, token)
+        self.marker_dir = snapshot_dir(cfg.sink_id, snapshot_id, token)
+        self.prefix = data_file_prefix(cfg.sink_id, snapshot_id, token)
         self.attempt = uuid.uuid4().hex[:8]
+        self.marked: set[str] = set()
         self.files_opened = 0
         self.handles: list[TxnHandle] = []
         self.outputs: dict[tuple, _RollingFile] = {}
@@ -551,15 +584,37 @@ class PartitionStager:
             for out in self.outputs.values():  # files are left open only by a failure
                 out.abandon()
 
-    def open_new_file(self):
-        name = f"part-{self.partition:05d}-{self.attempt}-{self.files_opened:04d}.parquet"
+    def _mark(self, rel_dir: str) -> None:
+        """Record, before the first file is created in ``rel_dir``, that this attempt may
+        write there: how aborts and sweeps find every file, even of a crashed task."""
+        if rel_dir in self.marked:
+            return
+        name = f"{self.partition:05d}-{self.attempt}-{len(self.marked):04d}{MARKER_SUFFIX}"
+        full = _fs.join(self.fs_root, self.marker_dir, name)
+        if self.local:
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "w", encoding="utf-8") as f:
+                f.write(rel_dir)
+                f.flush()
+                os.fsync(f.fileno())
+            _fs.fsync_dir(os.path.dirname(full))
+        else:
+            self.fs.makedirs(_fs.join(self.fs_root, self.marker_dir), exist_ok=True)
+            with self.fs.open(full, "w") as f:
+                f.write(rel_dir)
+        self.marked.add(rel_dir)
+
+    def open_new_file(self, rel_dir: str):
+        self._mark(rel_dir)
+        name = f"{self.prefix}{self.partition:05d}-{self.attempt}-{self.files_opened:04d}.parquet"
         self.files_opened += 1
-        rel = f"{self.rel_dir}/{name}"
+        rel = f"{rel_dir}/{name}" if rel_dir else name
         full = _fs.join(self.fs_root, rel)
         if self.local:
             os.makedirs(os.path.dirname(full), exist_ok=True)
             return rel, open(full, "wb")
-        self.fs.makedirs(_fs.join(self.fs_root, self.rel_dir), exist_ok=True)
+        if rel_dir:
+            self.fs.makedirs(_fs.join(self.fs_root, rel_dir), exist_ok=True)
         return rel, self.fs.open(full, "wb")
 
     def add(self, batch) -> None:
@@ -586,8 +641,9 @@ class PartitionStager:
         for out in self.outputs.values():
             out.finish()
         self.wait()
-        if self.local and self.handles:
-            _fs.fsync_dir(_fs.join(self.fs_root, self.rel_dir))
+        if self.local:
+            for rel_dir in self.marked:
+                _fs.fsync_dir(_fs.join(self.fs_root, rel_dir))
         return self.handles
 
 

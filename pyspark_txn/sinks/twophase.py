@@ -31,6 +31,7 @@ from ..state import (
     mark_committed,
     pending_phase2,
     record_snapshot,
+    settled,
     take_over,
 )
 from ..state.store import RecordStore
@@ -81,6 +82,10 @@ class Target(ABC):
     @abstractmethod
     def staged_attempts(self) -> set[tuple[int, str]]:
         """``(snapshot id, token)`` of every attempt that has staged artifacts right now."""
+
+    def forget(self, snapshot_id: int, token: str) -> None:  # noqa: B027 - optional hook
+        """Drop what finds an attempt's artifacts (markers) once no task of it can write:
+        committed data stays; ``staged_attempts`` no longer lists the attempt."""
 
 
 def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T:
@@ -230,10 +235,20 @@ class TwoPhaseCommitter:
         return state
 
     def _sweep(self, state: SinkState) -> None:
-        """Delete every staged attempt the state proves dead (safe on a stale state)."""
-        for sid, token in sorted(dead_snapshots(state, self.target.staged_attempts())):
+        """Delete every staged attempt the state proves dead (safe on a stale state), and
+        forget settled attempts, so the staging area lists only recent ones."""
+        attempts = self.target.staged_attempts()
+        for sid, token in sorted(dead_snapshots(state, attempts)):
             log.info("sink %s: rolling back dead staged snapshot %d (%s)", self.sink_id, sid, token)
             self.target.discard(sid, token)
+            if settled(state, sid):
+                self.target.forget(sid, token)
+        live = {r.snapshot_id: r for r in state.records.values()}
+        for sid, token in sorted(attempts):
+            rec = live.get(sid)
+            if rec is not None and rec.token == token and settled(state, sid):
+                self.target.discard(sid, token, _handles(rec))
+                self.target.forget(sid, token)
 
     def _check_target_matches(self, state: SinkState) -> None:
         committed = self.target.committed_batch(self.sink_id)
@@ -318,8 +333,9 @@ class TwoPhaseCommitter:
                 )
         _, state = self._update(lambda s: abandon(s, snapshot_id, reason), state)
         token = state.allocations.get(snapshot_id)
-        if token is not None:
+        if token is not None:  # the query is stopped (documented): no task can still write
             self.target.discard(snapshot_id, token)
+            self.target.forget(snapshot_id, token)
         return state
 
 

@@ -22,6 +22,7 @@ from .core import (
     new_token,
     pending_phase2,
     record_snapshot,
+    settled,
     take_over,
 )
 from .delta_log import DeltaEventLog
@@ -61,5 +62,6 @@ __all__ = [
     "new_token",
     "pending_phase2",
     "record_snapshot",
+    "settled",
     "take_over",
 ]

@@ -579,6 +579,17 @@ def dead_snapshots(state: SinkState, staged: Iterable[tuple[int, str]]) -> set[t
     }
 
 
+#: Snapshot ids allocated after an attempt before no task of it can still be writing.
+SETTLE_IDS = 32
+
+
+def settled(state: SinkState, snapshot_id: int) -> bool:
+    """Whether ``snapshot_id``'s tasks are certainly over: many batches were decided since
+    (Spark runs one batch at a time, and a late or speculative task of a batch ends long
+    before dozens of later batches have been planned, run and committed)."""
+    return snapshot_id + SETTLE_IDS <= state.high_water
+
+
 def pending_phase2(state: SinkState) -> list[SnapshotRecord]:
     """Safe records whose phase 2 was never confirmed: recovery redoes them."""
     return sorted(

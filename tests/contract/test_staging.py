@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pyspark_txn.sinks.staging import StagingConfig, snapshot_dir, stage_partition
+from pyspark_txn.sinks.staging import StagingConfig, data_file_prefix, stage_partition
 from pyspark_txn.sources.sequence import expected_rows, generate
 
 
@@ -32,7 +32,7 @@ def test_rows_row_groups_files_checksums_and_stats(tmp_path):
     parts = []
     for h, groups in zip(handles, row_groups, strict=True):
         assert h.partition == 3
-        assert h.handle.startswith(snapshot_dir("s1", 7, "tok") + "/part-00003-")
+        assert h.handle.startswith(data_file_prefix("s1", 7, "tok") + "00003-")
         path = tmp_path / "table" / h.handle
         data = path.read_bytes()
         assert h.bytes == len(data)

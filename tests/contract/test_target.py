@@ -103,8 +103,10 @@ def test_staged_attempts_discard_and_keep(stager):
     with pytest.raises(CorruptSnapshotError):
         stager.target.verify_staged(5, t1, h1)
     stager.target.discard(6, t2)
+    stager.target.forget(6, t2)
     assert stager.target.staged_attempts() == {(5, t1)}
     stager.target.discard(6, t2)  # idempotent
+    stager.target.forget(6, t2)
 
 
 def test_same_snapshot_id_other_token_is_another_attempt(stager):
@@ -174,48 +176,48 @@ def test_schemas_delta_cannot_store_are_refused(schema, message):
 
 
 def test_late_files_in_a_recorded_attempt_go_at_the_next_batch(tmp_path):
-    """A speculative task writes into batch 0's folder after its phase 2: the file is
-    in no record and never in the Delta log; the next batch's phase 2 removes it."""
+    """A speculative task writes into batch 0's attempt after its phase 2: the file is in
+    no record and never in the Delta log; the next batch's phase 2 removes it. A task
+    still writing into an aborted attempt: its file goes at the next sweep."""
     uri = str(tmp_path / "table")
     opts = DeltaSinkOptions.parse({"path": uri, "checkpointLocation": str(tmp_path / "chk")})
     committer = opts.committer()
     opts.record_store().log.create_if_missing()
     meta = {"arrow_schema": schema_to_b64(SCHEMA), "uri": uri}
 
+    def stage(sid, tok, ids, partition=0):
+        arrays = [pa.array(ids, pa.int64()), pa.array([str(i) for i in ids])]
+        batch = pa.record_batch(arrays, schema=SCHEMA)
+        return stage_partition([batch], opts.staging(), sid, tok, partition, SCHEMA)
+
     def batch(b, ids):
         sid, tok = committer.allocate()
-        arrays = [pa.array(ids, pa.int64()), pa.array([str(i) for i in ids])]
-        txns = stage_partition(
-            [pa.record_batch(arrays, schema=SCHEMA)], opts.staging(), sid, tok, 0, SCHEMA
-        )
+        txns = stage(sid, tok, ids)
+        base = committer.target.base_version()
         committer.commit(
-            b,
-            sid,
-            tok,
-            txns,
-            run_id="r",
-            query_id="q",
-            target_meta={**meta, "base_version": committer.target.base_version()},
+            b, sid, tok, txns, run_id="r", query_id="q", target_meta={**meta, "base_version": base}
         )
-        return sid, tok, txns
+        return sid, tok
 
-    sid, tok, txns = batch(0, [1, 2])
-    late = os.path.join(uri, os.path.dirname(txns[0].handle), "part-late.parquet")
-    with open(late, "wb") as f:
-        f.write(b"late")
+    def files():
+        return {p.name for p in (tmp_path / "table").glob("*.parquet")}
+
+    sid, tok = batch(0, [1, 2])
+    late = stage(sid, tok, [99], partition=1)  # a task of batch 0 that ran on after phase 2
+    assert late[0].handle in files()
     batch(1, [3])
-    assert not os.path.exists(late)
+    assert late[0].handle not in files()
     assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == [1, 2, 3]
-    # a late file into an aborted attempt: gone at the next sweep after a gap
+    # a task still writing into an aborted attempt
     sid, tok = committer.allocate()
     committer.abort(sid, tok)
-    zombie = os.path.join(uri, "txn-staged", opts.sink_id, f"{sid:012d}-{tok}", "part-z.parquet")
-    os.makedirs(os.path.dirname(zombie))
-    with open(zombie, "wb") as f:
-        f.write(b"zombie")
-    batch(2, [4])
-    assert not os.path.exists(zombie)
+    zombie = stage(sid, tok, [98])
+    assert zombie[0].handle in files()
+    batch(2, [4])  # skipped an id: a sweep
+    assert zombie[0].handle not in files()
     assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == [1, 2, 3, 4]
+    live = {os.path.basename(u) for u in DeltaTable(uri).file_uris()}
+    assert files() == live
 
 
 def test_generated_columns_are_refused_by_name(delta):
@@ -313,3 +315,75 @@ def test_a_column_differing_only_by_case_is_named_as_such(delta):
     _table_with(delta.uri, pa.schema([("ID", pa.int64()), ("v", pa.string())]))
     with pytest.raises(ConfigError, match="'id' of the stream differs only by case.*'ID'"):
         delta.target.check_stream_schema(SCHEMA, False)
+
+
+def test_partitioned_files_live_in_hive_folders_plain_readers_understand(tmp_path):
+    uri = str(tmp_path / "table")
+    schema = pa.schema([("id", pa.int64()), ("p", pa.string())])
+    opts = DeltaSinkOptions.parse(
+        {"path": uri, "checkpointLocation": str(tmp_path / "chk"), "partitionBy": "p"}
+    )
+    committer = opts.committer()
+    opts.record_store().log.create_if_missing()
+    values = ["a b", "x/y", "50%", "ü:ñ", None, "k=v"]
+    batch = pa.record_batch([pa.array(range(6), pa.int64()), pa.array(values)], schema=schema)
+    sid, tok = committer.allocate()
+    txns = stage_partition([batch], opts.staging(), sid, tok, 0, schema)
+    committer.commit(
+        0,
+        sid,
+        tok,
+        txns,
+        run_id="r",
+        query_id="q",
+        target_meta={"arrow_schema": schema_to_b64(schema), "uri": uri, "base_version": None},
+    )
+    folders = sorted(os.path.dirname(t.handle) for t in txns)
+    assert folders == sorted(
+        [
+            "p=a%20b",
+            "p=x%2Fy",
+            "p=50%25",
+            "p=%C3%BC%3A%C3%B1",
+            "p=__HIVE_DEFAULT_PARTITION__",
+            "p=k%3Dv",
+        ]
+    )
+    assert all(not t.handle.startswith("txn-staged") for t in txns)
+    got = DeltaTable(uri).to_pyarrow_table().sort_by("id")
+    assert got.column("p").to_pylist() == values
+    # a plain parquet reader with hive partitioning sees the partition column too
+    import pyarrow.dataset as ds
+
+    plain = ds.dataset(
+        uri,
+        format="parquet",
+        partitioning="hive",
+        exclude_invalid_files=True,
+        ignore_prefixes=["_", ".", "txn-staged"],
+    ).to_table()
+    assert plain.num_rows == 6 and "p" in plain.column_names
+
+
+def test_the_staging_area_keeps_only_recent_attempts(tmp_path):
+    """Markers of attempts whose tasks are long over are forgotten by the periodic sweep;
+    committed data stays in the table."""
+    uri = str(tmp_path / "table")
+    opts = DeltaSinkOptions.parse({"path": uri, "checkpointLocation": str(tmp_path / "chk")})
+    committer = opts.committer()
+    opts.record_store().log.create_if_missing()
+    meta = {"arrow_schema": schema_to_b64(SCHEMA), "uri": uri}
+    for b in range(80):
+        sid, tok = committer.allocate()
+        arrays = [pa.array([b], pa.int64()), pa.array([str(b)])]
+        txns = stage_partition(
+            [pa.record_batch(arrays, schema=SCHEMA)], opts.staging(), sid, tok, 0, SCHEMA
+        )
+        base = committer.target.base_version()
+        committer.commit(
+            b, sid, tok, txns, run_id="r", query_id="q", target_meta={**meta, "base_version": base}
+        )
+    attempts = committer.target.staged_attempts()
+    assert 0 < len(attempts) <= 2 * 32 + 1
+    assert min(sid for sid, _ in attempts) >= 80 - 2 * 32 - 1
+    assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == list(range(80))
