@@ -42,6 +42,20 @@ class Table:
     extra: dict = field(default_factory=dict)
 
 
+def add_action(table: str, name: str, rows: int, partition_values: dict | None = None) -> dict:
+    """An ``add`` action for a data file already written into ``table``."""
+    return {
+        "add": {
+            "path": name,
+            "partitionValues": partition_values or {},
+            "size": os.path.getsize(os.path.join(table, name)),
+            "modificationTime": 0,
+            "dataChange": True,
+            "stats": json.dumps({"numRecords": rows}),
+        }
+    }
+
+
 def _ids(lo: int, hi: int) -> pa.Array:
     return pa.array(range(lo, hi), pa.int64())
 
@@ -229,18 +243,7 @@ def partitioned_spark_style(path: str) -> Table:
         name = f"part-{k:05d}-{uuid.uuid4()}.parquet"
         pq.write_table(pa.table({"id": _ids(k * 2, k * 2 + 2)}), os.path.join(path, name))
         values = {"ts": ts, "ntz": ntz, "f": f, "s": s, "d": d, "bin": b}
-        adds.append(
-            {
-                "add": {
-                    "path": name,
-                    "partitionValues": values,
-                    "size": os.path.getsize(os.path.join(path, name)),
-                    "modificationTime": 0,
-                    "dataChange": True,
-                    "stats": json.dumps({"numRecords": 2}),
-                }
-            }
-        )
+        adds.append(add_action(path, name, 2, values))
         for i in (k * 2, k * 2 + 1):
             rows.append(
                 {
@@ -319,19 +322,7 @@ def int96_timestamps(path: str) -> Table:
 def _write_commit_zero(
     path: str, protocol: dict, schema: dict, partitions: list, names: list, rows: int
 ) -> None:
-    adds = [
-        {
-            "add": {
-                "path": name,
-                "partitionValues": {},
-                "size": os.path.getsize(os.path.join(path, name)),
-                "modificationTime": 0,
-                "dataChange": True,
-                "stats": json.dumps({"numRecords": rows}),
-            }
-        }
-        for name in names
-    ]
+    adds = [add_action(path, name, rows) for name in names]
     with open(os.path.join(path, "_delta_log", f"{0:020d}.json"), "w") as out:
         for action in [{"protocol": protocol}, {"metaData": _metadata(schema, partitions)}, *adds]:
             out.write(json.dumps(action) + "\n")
@@ -623,18 +614,7 @@ def column_mapping_dropped_readded(path: str) -> Table:
     pq.write_table(data, os.path.join(path, name))
     hm.commit(
         path,
-        [
-            {
-                "add": {
-                    "path": name,
-                    "partitionValues": {},
-                    "size": os.path.getsize(os.path.join(path, name)),
-                    "modificationTime": 0,
-                    "dataChange": True,
-                    "stats": json.dumps({"numRecords": 2}),
-                }
-            }
-        ],
+        [add_action(path, name, 2)],
         "WRITE",
     )
     rows = [{"id": i, "v": None} for i in range(3)] + [{"id": 3, "v": "new"}, {"id": 4, "v": "new"}]
@@ -704,16 +684,7 @@ def column_mapping_id(path: str) -> Table:
         for action in [
             {"protocol": {"minReaderVersion": 2, "minWriterVersion": 5}},
             {"metaData": _metadata(schema, [], config)},
-            {
-                "add": {
-                    "path": name,
-                    "partitionValues": {},
-                    "size": os.path.getsize(os.path.join(path, name)),
-                    "modificationTime": 0,
-                    "dataChange": True,
-                    "stats": json.dumps({"numRecords": 3}),
-                }
-            },
+            add_action(path, name, 3),
         ]:
             out.write(json.dumps(action) + "\n")
     rows = [
@@ -764,18 +735,7 @@ def type_widened(path: str) -> Table:
     )
     hm.commit(
         path,
-        [
-            {
-                "add": {
-                    "path": name,
-                    "partitionValues": {},
-                    "size": os.path.getsize(os.path.join(path, name)),
-                    "modificationTime": 0,
-                    "dataChange": True,
-                    "stats": json.dumps({"numRecords": 1}),
-                }
-            }
-        ],
+        [add_action(path, name, 1)],
         "WRITE",
     )
     rows = [{"id": 1, "f": 1.5}, {"id": 2, "f": None}, {"id": 2**40, "f": 0.1}]
