@@ -359,16 +359,14 @@ _CREATED: set[str] = set()
 _CREATED_LOCK = threading.Lock()
 
 
-def prepare_attempt(opts: DeltaSinkOptions, arrow_schema) -> tuple[int, str]:
-    """Planner side, before phase 1: check that phase 2 will accept this stream, then
-    allocate the batch's snapshot id. Returns (snapshot id, token).
+def prepare_attempt(opts: DeltaSinkOptions) -> tuple[int, str]:
+    """Planner side, before phase 1 (the writer checked the stream's schema when it was
+    made): allocate the batch's snapshot id. Returns (snapshot id, token).
 
     Nothing here knows which query run it plans for (Spark plans on a pool of
     Python workers): fencing happens at commit, by Spark's run id.
     """
     committer = opts.committer()
-    check_writable_schema(arrow_schema)
-    committer.target.check_stream_schema(arrow_schema, opts.merge_schema)
     with _CREATED_LOCK:
         if opts.record_table not in _CREATED:
             committer.store.log.create_if_missing()
@@ -380,14 +378,18 @@ class TxnDeltaStreamWriter(_WriterBase):
     def __init__(self, opts: DeltaSinkOptions, spark_schema) -> None:
         self.opts = opts
         self.arrow_schema = spark_to_arrow_schema(spark_schema)
+        # Checked here, where Spark reports a plain "failed to initialize" error, rather
+        # than at pickling, where it would be buried in a PicklingError.
         opts.check_schema(self.arrow_schema)
+        check_writable_schema(self.arrow_schema)
+        opts.target().check_stream_schema(self.arrow_schema, opts.merge_schema)
         self._attempt: tuple[int, str] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickling happens in the driver, once per batch, before any task runs:
         # the one place a snapshot id can be made safe before phase 1.
         if self._attempt is None:
-            self._attempt = prepare_attempt(self.opts, self.arrow_schema)
+            self._attempt = prepare_attempt(self.opts)
         return self.__dict__
 
     def write(self, iterator) -> TxnCommitMessage:

@@ -53,7 +53,7 @@ def _normal_type(t):
         return pa.binary()
     if pa.types.is_timestamp(t):
         return pa.timestamp("us", tz="UTC" if t.tz else None)
-    return t
+    return _nullable_type(t)  # nested NOT NULL is the stream's claim, not a schema change
 
 
 def table_arrow_schema(dt):
@@ -166,7 +166,8 @@ class DeltaTarget(Target):
         foreign = []
         for path in self.fs.find(self.root):
             rel = path[len(root) :] if path.startswith(root) else path
-            if rel.split("/", 1)[0] == STAGING_ROOT or os.path.basename(rel).startswith(ours):
+            top = rel.split("/", 1)[0]
+            if top in (STAGING_ROOT, "_delta_log") or os.path.basename(rel).startswith(ours):
                 continue
             foreign.append(rel)
             if len(foreign) > 5:
@@ -389,7 +390,7 @@ class DeltaTarget(Target):
         if dt is None:
             create_table_with_add_actions(
                 self.uri,
-                Schema.from_arrow(stream_schema),
+                Schema.from_arrow(as_nullable(stream_schema)),
                 adds,
                 mode="error",
                 partition_by=self.partition_by or None,
@@ -441,6 +442,35 @@ class DeltaTarget(Target):
             "another query writes to this table as the same sink id. Give every query its "
             "own sinkId; then abandon this snapshot (`pyspark-txn abandon`) or restore."
         )
+
+
+def as_nullable(schema):
+    """Every field nullable, nested ones too: what Spark's Delta writer gives a new table.
+    Spark marks derived columns NOT NULL; a table that kept that would refuse the next
+    query that writes a null there."""
+    import pyarrow as pa
+
+    return pa.schema([_nullable_field(f) for f in schema], metadata=schema.metadata)
+
+
+def _nullable_field(f):
+    import pyarrow as pa
+
+    return pa.field(f.name, _nullable_type(f.type), nullable=True, metadata=f.metadata)
+
+
+def _nullable_type(t):
+    import pyarrow as pa
+
+    if pa.types.is_struct(t):
+        return pa.struct([_nullable_field(t.field(i)) for i in range(t.num_fields)])
+    if pa.types.is_large_list(t):
+        return pa.large_list(_nullable_field(t.value_field))
+    if pa.types.is_list(t):
+        return pa.list_(_nullable_field(t.value_field))
+    if pa.types.is_map(t):
+        return pa.map_(t.key_type, _nullable_field(t.item_field))
+    return t
 
 
 def _file_task_attempt(name: str) -> str:

@@ -7,8 +7,8 @@ are invisible to readers until phase 2 adds them to the Delta log. Before a
 task creates the first file in a folder it writes a *marker* naming that
 folder into ``txn-staged/<sink id>/<snapshot id>-<token>/``, so every file of an
 attempt (of a crashed task too) is found by listing its markers' folders for
-the attempt's name prefix. Leftovers have no leading underscore, so VACUUM
-removes them too if we never get to.
+the attempt's name prefix. Leftovers have no leading underscore, so a full
+VACUUM removes them too if we never get to.
 
 Throughput: the task's thread keeps receiving rows from the JVM while one
 encoder thread per partition writes the previous row group (pyarrow encodes
@@ -133,7 +133,9 @@ class _ChecksumWriter:
 
 
 def _partition_value(v: Any) -> str | None:
-    if v is None:
+    """A partition value as the Delta log spells it. An empty string is null there (the
+    protocol's rule, and what Spark writes), so it is written as null."""
+    if v is None or v == "":
         return None
     if isinstance(v, bool):
         return "true" if v else "false"

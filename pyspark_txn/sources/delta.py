@@ -782,7 +782,14 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return canonical({"version": latest, "index": 0, "snapshot": True})
         if self.opts.starting == "latest":
             return canonical({"version": latest + 1, "index": 0, "snapshot": False})
-        return canonical({"version": int(self.opts.starting), "index": 0, "snapshot": False})
+        version = int(self.opts.starting)
+        if version > latest + 1:
+            raise SourceError(
+                f"option startingVersion={version}: the Delta table at {self.opts.path} is at "
+                f"version {latest}; start at most at {latest + 1} (the next commit), or use "
+                "'latest'"
+            )
+        return canonical({"version": version, "index": 0, "snapshot": False})
 
     def _files_from(self, start: dict, last_version: int) -> Iterator[tuple[tuple, Any]]:
         """(position, file) from ``start`` through ``last_version``, in offset order.

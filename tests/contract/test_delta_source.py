@@ -145,3 +145,18 @@ def test_commit_forgets_file_lists_before_the_committed_offset(table):
     assert len(r._changes) == 3
     r.commit(batches[1][1])
     assert sorted(r._changes) == [(2, False)]
+
+
+def test_a_starting_version_beyond_the_table_is_refused(tmp_path):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from pyspark_txn.errors import SourceError
+    from pyspark_txn.sources.delta import DeltaSourceOptions, DeltaStreamReader
+
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"id": [1]}))
+    opts = DeltaSourceOptions.parse({"path": uri, "startingVersion": "99"})
+    reader = DeltaStreamReader(opts, opts.spark_schema_ddl())
+    with pytest.raises(SourceError, match="startingVersion=99.*at version 0"):
+        reader.initialOffset()

@@ -387,3 +387,36 @@ def test_the_staging_area_keeps_only_recent_attempts(tmp_path):
     assert 0 < len(attempts) <= 2 * 32 + 1
     assert min(sid for sid, _ in attempts) >= 80 - 2 * 32 - 1
     assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == list(range(80))
+
+
+def test_a_created_table_is_nullable_like_sparks_and_empty_partition_strings_are_null(tmp_path):
+    """Spark marks derived columns NOT NULL; the table must still take nulls later."""
+    uri = str(tmp_path / "table")
+    strict = pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            pa.field("p", pa.string()),
+            pa.field("st", pa.struct([pa.field("a", pa.int64(), nullable=False)])),
+        ]
+    )
+    opts = DeltaSinkOptions.parse(
+        {"path": uri, "checkpointLocation": str(tmp_path / "chk"), "partitionBy": "p"}
+    )
+    committer = opts.committer()
+    opts.record_store().log.create_if_missing()
+    meta = {"arrow_schema": schema_to_b64(strict), "uri": uri}
+    for b, p in enumerate(["", "x"]):
+        arrays = [pa.array([b]), pa.array([p]), pa.array([{"a": b}], strict.field("st").type)]
+        sid, tok = committer.allocate()
+        opts.target().check_stream_schema(strict, False)  # nested NOT NULL is no drift
+        txns = stage_partition(
+            [pa.record_batch(arrays, schema=strict)], opts.staging(), sid, tok, 0, strict
+        )
+        base = committer.target.base_version()
+        committer.commit(
+            b, sid, tok, txns, run_id="r", query_id="q", target_meta={**meta, "base_version": base}
+        )
+    table = DeltaTable(uri)
+    assert all(f.nullable for f in table.schema().to_arrow())
+    rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [r["p"] for r in rows] == [None, "x"]
