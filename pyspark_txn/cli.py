@@ -264,11 +264,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     store = handle.record_store()
     seen = len(store.events(handle.sink_id))
     run()
-    new = [f"{e.kind.value}(snapshot={e.snapshot_id})" for e in store.events(handle.sink_id)[seen:]]
+    new = [
+        "epoch(a new run)" if e.kind.value == "epoch" else f"{e.kind.value}(snapshot={e.snapshot_id})"
+        for e in store.events(handle.sink_id)[seen:]
+    ]
     dt = DeltaTable(target)
     again = dt.to_pyarrow_table().num_rows
     print(f"   Spark ran batch {last} again. New record events: {', '.join(new)}:")
-    print("   a new snapshot id was reserved for the attempt, but there is no new snapshot")
+    print("   the restarted query is a new run and took the sink's epoch; a new snapshot id")
+    print("   was reserved for the attempt, but there is no new snapshot")
     print(f"   record: batch {last} was already decided, so phase 2 was a no-op and the")
     print("   attempt's staged files were discarded.")
     print(f"   The table still holds {again} rows (version {dt.version()}): exactly once.")
