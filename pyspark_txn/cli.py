@@ -265,7 +265,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     seen = len(store.events(handle.sink_id))
     run()
     new = [
-        "epoch(a new run)" if e.kind.value == "epoch" else f"{e.kind.value}(snapshot={e.snapshot_id})"
+        "epoch(a new run)"
+        if e.kind.value == "epoch"
+        else f"{e.kind.value}(snapshot={e.snapshot_id})"
         for e in store.events(handle.sink_id)[seen:]
     ]
     dt = DeltaTable(target)
