@@ -45,6 +45,8 @@ from .. import _fs
 from ..errors import ConfigError, SourceError
 from ..sinks.delta import spark_to_arrow_schema
 from ._common import SupportsTriggerAvailableNow, canonical
+from ._deletion_vectors import load_deletion_vector
+from ._partition_values import DECIMAL_TYPE, INTEGRAL_TYPES, parse_partition_value, type_name
 
 DELTA_SOURCE_OPTIONS = {
     "path": "Delta table URI (required)",
@@ -216,26 +218,22 @@ def _field_id(field: Mapping[str, Any]) -> int | None:
     return None if raw is None else int(raw)
 
 
-_INTEGRAL = ("byte", "short", "integer", "long")
-_DECIMAL = re.compile(r"decimal\((\d+),\s*(-?\d+)\)")
-
-
 def _widens(old: str, new: str) -> bool:
     """Delta type widening: values of ``old`` read losslessly as ``new``."""
     if old == new:
         return True
-    if old in _INTEGRAL and new in _INTEGRAL:
-        return _INTEGRAL.index(old) < _INTEGRAL.index(new)
+    if old in INTEGRAL_TYPES and new in INTEGRAL_TYPES:
+        return INTEGRAL_TYPES.index(old) < INTEGRAL_TYPES.index(new)
     if old == "float" and new == "double":
         return True
     if old in ("byte", "short", "integer") and new == "double":
         return True
     if old == "date" and new == "timestamp_ntz":
         return True
-    m_new = _DECIMAL.fullmatch(new)
+    m_new = DECIMAL_TYPE.fullmatch(new)
     if m_new:
         p2, s2 = int(m_new[1]), int(m_new[2])
-        m_old = _DECIMAL.fullmatch(old)
+        m_old = DECIMAL_TYPE.fullmatch(old)
         if m_old:
             p1, s1 = int(m_old[1]), int(m_old[2])
             return s2 >= s1 and p2 - s2 >= p1 - s1
@@ -249,9 +247,9 @@ def _type_change(old: Any, new: Any, mode: str, path: str) -> str | None:
     if isinstance(old, str) or isinstance(new, str):
         if isinstance(old, str) and isinstance(new, str) and _widens(old, new):
             return None
-        return f"column {path!r} changed type from {_type_name(old)} to {_type_name(new)}"
+        return f"column {path!r} changed type from {type_name(old)} to {type_name(new)}"
     if old["type"] != new["type"]:
-        return f"column {path!r} changed type from {_type_name(old)} to {_type_name(new)}"
+        return f"column {path!r} changed type from {type_name(old)} to {type_name(new)}"
     if old["type"] == "struct":
         return _struct_change(old, new, mode, path + ".")
     if old["type"] == "array":
@@ -290,211 +288,6 @@ def _struct_change(old: Mapping, new: Mapping, mode: str, prefix: str = "") -> s
         if change:
             return change
     return None
-
-
-def _type_name(t: Any) -> str:
-    return t if isinstance(t, str) else t.get("type", "?")
-
-
-# --- partition values --------------------------------------------------------------------
-
-_TS = re.compile(
-    r"(\d{4,})-(\d{1,2})-(\d{1,2})[ T](\d{1,2}):(\d{1,2}):(\d{1,2})(?:\.(\d{1,9}))?"
-    r"\s*(Z|[+-]\d{2}:?\d{2}|UTC)?"
-)
-_DATE = re.compile(r"(\d{4,})-(\d{1,2})-(\d{1,2})")
-
-
-def parse_partition_value(raw: str | None, delta_type: Any) -> Any:
-    """A partition value as the log stores it (a string) -> the column's Python value."""
-    import datetime as dt
-    from decimal import Decimal
-
-    if raw is None or raw == "":  # PROTOCOL.md: an empty string for any type is null
-        return None
-    t = delta_type
-    try:
-        if t == "string":
-            return raw
-        if t in _INTEGRAL:
-            return int(raw)
-        if t in ("float", "double"):
-            return float(raw)  # also NaN, Infinity, -Infinity, inf
-        if t == "boolean":
-            if raw.lower() not in ("true", "false"):
-                raise ValueError("expected true or false")
-            return raw.lower() == "true"
-        if t == "date":
-            m = _DATE.fullmatch(raw.strip())
-            if not m:
-                raise ValueError("expected {year}-{month}-{day}")
-            return dt.date(int(m[1]), int(m[2]), int(m[3]))
-        if t in ("timestamp", "timestamp_ntz"):
-            m = _TS.fullmatch(raw.strip())
-            if not m:
-                raise ValueError("expected {year}-{month}-{day} {hour}:{minute}:{second}[.micros]")
-            micros = int(((m[7] or "") + "000000")[:6])
-            value = dt.datetime(
-                int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]), micros
-            )
-            zone = m[8]
-            if zone and zone not in ("Z", "UTC"):
-                sign = -1 if zone[0] == "-" else 1
-                digits = zone[1:].replace(":", "")
-                offset = dt.timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
-                value = value - sign * offset
-            if t == "timestamp_ntz":
-                return value
-            # no zone: the writer's zone, unknowable; read as UTC (as delta-rs does)
-            return value.replace(tzinfo=dt.timezone.utc)
-        if isinstance(t, str) and _DECIMAL.fullmatch(t):
-            return Decimal(raw)
-        if t == "binary":
-            return raw.encode("utf-8")
-    except (ValueError, ArithmeticError) as e:
-        raise SourceError(
-            f"txn-delta source: partition value {raw!r} is not a valid {t}: {e}"
-        ) from None
-    raise SourceError(
-        f"txn-delta source: partition columns of type {_type_name(t)} are unsupported"
-    )
-
-
-# --- deletion vectors --------------------------------------------------------------------
-
-_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
-_Z85_DECODE = {c: i for i, c in enumerate(_Z85)}
-_DV_PORTABLE_MAGIC = 1681511377
-_DV_NATIVE_MAGIC = 1681511376
-
-
-def z85_decode(text: str) -> bytes:
-    if len(text) % 5:
-        raise ValueError(f"Z85 text of length {len(text)} is not a multiple of 5")
-    out = bytearray()
-    for i in range(0, len(text), 5):
-        value = 0
-        for c in text[i : i + 5]:
-            value = value * 85 + _Z85_DECODE[c]
-        out += value.to_bytes(4, "big")
-    return bytes(out)
-
-
-def _roaring32(buf: bytes, pos: int):
-    """One standard 32-bit Roaring bitmap at ``pos``: (sorted uint32 values, end position)."""
-    import numpy as np
-
-    (cookie,) = np.frombuffer(buf, "<u4", 1, pos)
-    cookie = int(cookie)
-    if cookie & 0xFFFF == 12347:  # SERIAL_COOKIE: run containers possible
-        size = (cookie >> 16) + 1
-        run_bits = buf[pos + 4 : pos + 4 + (size + 7) // 8]
-        p = pos + 4 + (size + 7) // 8
-        has_offsets = size >= 4
-    elif cookie == 12346:  # SERIAL_COOKIE_NO_RUNCONTAINER
-        size = int(np.frombuffer(buf, "<u4", 1, pos + 4)[0])
-        run_bits = b""
-        p = pos + 8
-        has_offsets = True
-    else:
-        raise ValueError(f"not a Roaring bitmap (cookie {cookie})")
-    header = np.frombuffer(buf, "<u2", 2 * size, p).reshape(size, 2).astype(np.uint32)
-    p += 4 * size + (4 * size if has_offsets else 0)
-    parts = []
-    for k in range(size):
-        key, card = int(header[k, 0]), int(header[k, 1]) + 1
-        if run_bits and run_bits[k // 8] >> (k % 8) & 1:
-            n = int(np.frombuffer(buf, "<u2", 1, p)[0])
-            runs = np.frombuffer(buf, "<u2", 2 * n, p + 2).reshape(n, 2).astype(np.uint32)
-            p += 2 + 4 * n
-            low = np.concatenate([np.arange(s, s + ln + 1, dtype=np.uint32) for s, ln in runs])
-        elif card <= 4096:
-            low = np.frombuffer(buf, "<u2", card, p).astype(np.uint32)
-            p += 2 * card
-        else:
-            words = np.frombuffer(buf, "<u8", 1024, p)
-            p += 8192
-            low = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
-            low = low.astype(np.uint32)
-        parts.append((np.uint32(key) << np.uint32(16)) | low)
-    values = np.concatenate(parts) if parts else np.zeros(0, np.uint32)
-    return values, p
-
-
-def decode_deletion_vector(data: bytes):
-    """Delta's serialized RoaringBitmapArray -> sorted uint64 row indexes it deletes."""
-    import numpy as np
-
-    magic = int(np.frombuffer(data, "<u4", 1, 0)[0])
-    parts = []
-    if magic == _DV_PORTABLE_MAGIC:
-        count = int(np.frombuffer(data, "<u8", 1, 4)[0])
-        p = 12
-        for _ in range(count):
-            key = int(np.frombuffer(data, "<u4", 1, p)[0])
-            low, p = _roaring32(data, p + 4)
-            parts.append((np.uint64(key) << np.uint64(32)) | low.astype(np.uint64))
-    elif magic == _DV_NATIVE_MAGIC:
-        count = int(np.frombuffer(data, "<u4", 1, 4)[0])
-        p = 8
-        for key in range(count):
-            size = int(np.frombuffer(data, "<u4", 1, p)[0])
-            low, _ = _roaring32(data, p + 4)
-            p += 4 + size
-            parts.append((np.uint64(key) << np.uint64(32)) | low.astype(np.uint64))
-    else:
-        raise ValueError(f"unknown deletion vector format (magic number {magic})")
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
-
-
-def load_deletion_vector(table_uri: str, dv: Mapping[str, Any], fs=None):
-    """The sorted row indexes a ``deletionVector`` descriptor deletes (reads its file if any)."""
-    import struct
-    import uuid
-    import zlib
-    from urllib.parse import unquote
-
-    storage, where = dv["storageType"], dv["pathOrInlineDv"]
-    size = int(dv["sizeInBytes"])
-    if int(dv.get("cardinality", 1)) == 0:
-        import numpy as np
-
-        return np.zeros(0, np.uint64)
-    try:
-        if storage == "i":
-            data = z85_decode(where)[:size]
-        elif storage in ("u", "p"):
-            if storage == "u":
-                prefix, encoded = where[:-20], where[-20:]
-                name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(encoded))}.bin"
-                path = _fs.join(table_uri, prefix, name) if prefix else _fs.join(table_uri, name)
-            else:
-                path = unquote(where)
-            if fs is None:
-                fs, _ = _fs.filesystem(table_uri)
-            with fs.open(path.removeprefix("file://"), "rb") as f:
-                f.seek(int(dv.get("offset") or 0))
-                raw = f.read(size + 8)
-            (stored_size,) = struct.unpack(">I", raw[:4])
-            data = raw[4 : 4 + size]
-            if stored_size != size or len(data) != size:
-                raise ValueError(f"size {stored_size} in the file, {size} in the log")
-            (crc,) = struct.unpack(">I", raw[4 + size : 8 + size])
-            if crc != zlib.crc32(data):
-                raise ValueError("checksum mismatch")
-        else:
-            raise ValueError(f"unknown storageType {storage!r}")
-        rows = decode_deletion_vector(data)
-    except Exception as e:
-        raise SourceError(
-            f"txn-delta source: cannot read deletion vector {dict(dv)} of {table_uri}: {e}"
-        ) from e
-    if "cardinality" in dv and len(rows) != int(dv["cardinality"]):
-        raise SourceError(
-            f"txn-delta source: deletion vector {dict(dv)} of {table_uri} holds {len(rows)} rows, "
-            f"its descriptor says {dv['cardinality']}"
-        )
-    return rows
 
 
 # --- reading a data file into the stream's Arrow schema ----------------------------------

@@ -26,6 +26,8 @@ from deltalake import DeltaTable, QueryBuilder, WriterProperties, write_deltalak
 from pyspark.sql.types import StringType, StructField, StructType
 
 from pyspark_txn.errors import ConfigError, SourceError
+from pyspark_txn.sources import _deletion_vectors as deletion_vectors
+from pyspark_txn.sources import _partition_values as partition_values
 from pyspark_txn.sources import delta as source
 from pyspark_txn.sources.delta import DeltaSourceOptions, DeltaStreamReader
 
@@ -296,26 +298,26 @@ def test_snapshot_offset_of_a_cleaned_version_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("runs", [False, True])
 def test_deletion_vector_round_trip(rows, runs):
     data = hm.roaring_bitmap_array(rows, runs=runs)
-    assert source.decode_deletion_vector(data).tolist() == sorted(set(rows))
+    assert deletion_vectors.decode_deletion_vector(data).tolist() == sorted(set(rows))
     dv = hm.inline_dv(rows, runs=runs)
     if rows:
-        assert source.load_deletion_vector("/nowhere", dv).tolist() == sorted(set(rows))
+        assert deletion_vectors.load_deletion_vector("/nowhere", dv).tolist() == sorted(set(rows))
 
 
 def test_deletion_vector_file_checksum_is_checked(tmp_path):
     path = str(tmp_path)
     (dv,) = hm.dv_file(path, [[1, 2, 3]])
-    assert source.load_deletion_vector(path, dv).tolist() == [1, 2, 3]
+    assert deletion_vectors.load_deletion_vector(path, dv).tolist() == [1, 2, 3]
     with pytest.raises(SourceError, match="holds 3 rows"):
-        source.load_deletion_vector(path, {**dv, "cardinality": 4})
+        deletion_vectors.load_deletion_vector(path, {**dv, "cardinality": 4})
     (f,) = glob.glob(f"{path}/deletion_vector_*.bin")
     absolute = {**dv, "storageType": "p", "pathOrInlineDv": "file://" + quote(f)}
-    assert source.load_deletion_vector("/elsewhere", absolute).tolist() == [1, 2, 3]
+    assert deletion_vectors.load_deletion_vector("/elsewhere", absolute).tolist() == [1, 2, 3]
     raw = bytearray(open(f, "rb").read())
     raw[-5] ^= 0xFF
     open(f, "wb").write(bytes(raw))
     with pytest.raises(SourceError, match="checksum"):
-        source.load_deletion_vector(path, dv)
+        deletion_vectors.load_deletion_vector(path, dv)
 
 
 def test_deletion_vectors_agree_with_deltalake(tmp_path):
@@ -328,7 +330,7 @@ def test_deletion_vectors_agree_with_deltalake(tmp_path):
     assert len(theirs) == 2
     for entry in theirs:
         f = by_uri[entry["filepath"].removeprefix("file://")]
-        ours = source.load_deletion_vector(t.path, dict(f.deletion_vector)).tolist()
+        ours = deletion_vectors.load_deletion_vector(t.path, dict(f.deletion_vector)).tolist()
         assert ours == np.flatnonzero(~np.array(entry["selection_vector"])).tolist()
 
 
@@ -360,10 +362,10 @@ def test_deletion_vectors_agree_with_deltalake(tmp_path):
     ],
 )
 def test_partition_value_parsing(raw, typ, value):
-    got = source.parse_partition_value(raw, typ)
+    got = partition_values.parse_partition_value(raw, typ)
     assert got == value and type(got) is type(value)
 
 
 def test_bad_partition_value_is_a_source_error():
     with pytest.raises(SourceError, match="not a valid boolean"):
-        source.parse_partition_value("yes", "boolean")
+        partition_values.parse_partition_value("yes", "boolean")
