@@ -46,7 +46,7 @@ Progress = Callable[[int, int], None]
 # --- finding a sink -----------------------------------------------------------
 
 
-def _is_delta_table(uri: str, storage_options: Mapping[str, str] | None) -> bool:
+def _is_record_table(uri: str, storage_options: Mapping[str, str] | None) -> bool:
     """Whether ``uri`` is a record table; a Delta table of another kind is an error."""
     from deltalake import DeltaTable
 
@@ -74,12 +74,12 @@ def find_record_table(
     """
     uri = _fs.normalize_uri(location)
     candidate = _fs.join(uri, *RECORDS_DIR)
-    if _is_delta_table(candidate, storage_options):
+    if _is_record_table(candidate, storage_options):
         return candidate, uri
     kept = _kept_record_table(uri)
-    if kept is not None and _is_delta_table(kept, storage_options):
+    if kept is not None and _is_record_table(kept, storage_options):
         return kept, uri  # a checkpoint whose sink keeps its records elsewhere
-    if _is_delta_table(uri, storage_options):
+    if _is_record_table(uri, storage_options):
         suffix = "/" + "/".join(RECORDS_DIR)
         return uri, (uri[: -len(suffix)] if uri.endswith(suffix) else None)
     raise ConfigError(

@@ -107,6 +107,8 @@ def _parse_table_properties(opts: Mapping[str, str]) -> tuple[tuple[str, str], .
             raise ConfigError(f"option {name}={value!r}: expected {expected.get(kind, kind)}")
         out.append((name, v.lower() if kind == "bool" else v))
     return tuple(out)
+
+
 _SINK_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
@@ -182,8 +184,7 @@ class DeltaSinkOptions:
         )
         if unknown:
             allowed = (
-                ", ".join(sorted(SINK_OPTIONS))
-                + ", fs.<fsspec option>, delta.<table property>"
+                ", ".join(sorted(SINK_OPTIONS)) + ", fs.<fsspec option>, delta.<table property>"
             )
             raise ConfigError(f"txn-delta sink: unknown option(s) {unknown}; allowed: {allowed}")
         if not opts.get("path"):
@@ -462,9 +463,11 @@ def spark_to_arrow_schema(spark_schema):
     A column Arrow (or Delta) cannot carry is named in a ``ConfigError`` before
     anything is staged, not left to a conversion traceback.
     """
+    import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
 
+    fields = []
     for f in spark_schema.fields:
         if "variant" in f.dataType.simpleString():
             raise ConfigError(
@@ -472,13 +475,13 @@ def spark_to_arrow_schema(spark_schema):
                 "write VARIANT yet; convert it first, e.g. to_json(col)"
             )
         try:
-            to_arrow_schema(StructType([f]), timezone="UTC")
+            fields.append(to_arrow_schema(StructType([f]), timezone="UTC").field(0))
         except Exception as e:
             raise ConfigError(
                 f"column {f.name!r} has type {f.dataType.simpleString()}, which cannot be "
                 f"written to a Delta table ({e}); cast it or give it a type with .cast(...)"
             ) from None
-    return to_arrow_schema(spark_schema, timezone="UTC")
+    return pa.schema(fields)
 
 
 def _as_arrow(iterator, arrow_schema, chunk_rows: int = 65536):

@@ -352,7 +352,6 @@ class DeltaTarget(Target):
     def commit(self, record: SnapshotRecord) -> int | None:
         from deltalake import Schema
         from deltalake.transaction import (
-            AddAction,
             CommitProperties,
             Transaction,
             create_table_with_add_actions,
@@ -364,17 +363,7 @@ class DeltaTarget(Target):
             if done is not None and done >= record.batch_id:
                 return self._own_commit(dt, record, done)
         self.verify_staged(record.snapshot_id, record.token, record.txns)
-        adds = [
-            AddAction(
-                path=t.handle,
-                size=t.bytes,
-                partition_values=dict(t.meta.get("partition_values", {})),
-                modification_time=t.meta["mtime"],
-                data_change=True,
-                stats=t.meta["stats"],
-            )
-            for t in record.txns
-        ]
+        adds = add_actions(record.txns)
         props = CommitProperties(
             app_transactions=[Transaction(app_id=self.sink_id, version=record.batch_id)],
             custom_metadata={
@@ -473,6 +462,23 @@ def _nullable_type(t):
     return t
 
 
+def add_actions(txns: Sequence[TxnHandle]) -> list:
+    """The Delta ``add`` actions of staged files, from what phase 1 measured."""
+    from deltalake.transaction import AddAction
+
+    return [
+        AddAction(
+            path=t.handle,
+            size=t.bytes,
+            partition_values=dict(t.meta.get("partition_values", {})),
+            modification_time=t.meta["mtime"],
+            data_change=True,
+            stats=t.meta["stats"],
+        )
+        for t in txns
+    ]
+
+
 def _file_task_attempt(name: str) -> str:
     """``<partition>-<attempt>`` of a data file ``part-...-<partition>-<attempt>-<n>.parquet``."""
     return "-".join(name.rsplit("-", 3)[1:3])
@@ -485,6 +491,7 @@ def _marker_task_attempt(name: str) -> str:
 
 def check_writable_schema(schema) -> None:
     """Refuse what Delta cannot store, by column name, before anything is staged."""
+    import pyarrow as pa
     from deltalake import Schema
 
     seen: dict[str, str] = {}
@@ -499,28 +506,16 @@ def check_writable_schema(schema) -> None:
         try:
             Schema.from_arrow(_one_field_schema(f))
         except Exception as e:
-            spark_name = " (a Spark interval)" if _has_duration(f.type) else ""
+            spark_name = " (a Spark interval)" if _contains_type(f.type, _is_interval) else ""
             raise ConfigError(
                 f"column {f.name!r} has type {f.type}{spark_name}, which a Delta table cannot "
                 f"store ({e}); cast it (e.g. intervals to a string or a number) before the sink"
             ) from None
-        if _has_null_type(f.type):
+        if _contains_type(f.type, pa.types.is_null):
             raise ConfigError(
                 f"column {f.name!r} has type NULL (void: e.g. a bare lit(None)); give it a "
                 "type with .cast(...) before the sink"
             )
-
-
-def _has_duration(t) -> bool:
-    import pyarrow as pa
-
-    if pa.types.is_duration(t) or pa.types.is_interval(t):
-        return True
-    if pa.types.is_struct(t):
-        return any(_has_duration(t.field(i).type) for i in range(t.num_fields))
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
-        return _has_duration(t.value_type if not pa.types.is_map(t) else t.item_type)
-    return False
 
 
 def _one_field_schema(f):
@@ -529,18 +524,26 @@ def _one_field_schema(f):
     return pa.schema([f])
 
 
-def _has_null_type(t) -> bool:
+def _contains_type(t, matches) -> bool:
+    """Whether ``t`` or any type nested in it (struct fields, list values, map keys and
+    items) satisfies ``matches``."""
     import pyarrow as pa
 
-    if pa.types.is_null(t):
+    if matches(t):
         return True
     if pa.types.is_struct(t):
-        return any(_has_null_type(t.field(i).type) for i in range(t.num_fields))
+        return any(_contains_type(t.field(i).type, matches) for i in range(t.num_fields))
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return _has_null_type(t.value_type)
+        return _contains_type(t.value_type, matches)
     if pa.types.is_map(t):
-        return _has_null_type(t.key_type) or _has_null_type(t.item_type)
+        return _contains_type(t.key_type, matches) or _contains_type(t.item_type, matches)
     return False
+
+
+def _is_interval(t) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_duration(t) or pa.types.is_interval(t)
 
 
 # Writer features delta-rs's append honours; anything else may need rules we do not follow.

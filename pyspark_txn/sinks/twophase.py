@@ -159,6 +159,7 @@ class TwoPhaseCommitter:
         (None when no task ran: then the current epoch holder's run is assumed).
         """
         state = self.load()
+        recovered = False
         if run_id is not None:
             event, state = self._update(
                 lambda s: take_over(s, run_id, snapshot_id, query_id, query_name), state
@@ -166,6 +167,7 @@ class TwoPhaseCommitter:
             if event is not None:
                 log.info("sink %s: run %s took epoch %d", self.sink_id, run_id, event.epoch)
                 state = self._recover(state, query_id)
+                recovered = True
         decision = decide(state, batch_id, snapshot_id, state.epoch, query_id, source_offsets)
         if isinstance(decision, Replay):
             # A replayed batch: decided before. Phase 2 again "just in case"
@@ -182,7 +184,8 @@ class TwoPhaseCommitter:
                 self.target.discard(snapshot_id, token)
             if rec.snapshot_id not in state.committed:
                 state = self._phase2(state, rec)
-            self._sweep(state)
+            if not recovered:  # recovery has just swept
+                self._sweep(state)
             return rec
         for pending in pending_phase2(state):  # an older decision lands before a newer one
             state = self._phase2(state, pending)

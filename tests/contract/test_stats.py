@@ -19,8 +19,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, QueryBuilder, Schema, WriterProperties, write_deltalake
-from deltalake.transaction import AddAction, create_table_with_add_actions
+from deltalake.transaction import create_table_with_add_actions
 
+from pyspark_txn.sinks.delta_target import add_actions
 from pyspark_txn.sinks.staging import (
     StagingConfig,
     _string_max,
@@ -828,17 +829,7 @@ def sql_of(f) -> str:
 
 def commit_staged(uri: str, schema: pa.Schema, handles) -> DeltaTable:
     """What ``DeltaTarget.commit`` does for a new table."""
-    adds = [
-        AddAction(
-            path=h.handle,
-            size=h.bytes,
-            partition_values=dict(h.meta.get("partition_values", {})),
-            modification_time=h.meta["mtime"],
-            data_change=True,
-            stats=h.meta["stats"],
-        )
-        for h in handles
-    ]
+    adds = add_actions(handles)
     create_table_with_add_actions(uri, Schema.from_arrow(schema), adds, mode="error")
     return DeltaTable(uri)
 
