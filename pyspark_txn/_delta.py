@@ -21,12 +21,17 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from . import _fs
 
 _LOCAL = threading.local()
+
+#: How old a cached table may be for ``open_table(refresh=False)``: far below the
+#: record table's log retention, so no log entry after it can have been cleaned up.
+STALE_OK_S = 5.0
 
 
 def _commit_file_marker(uri: str, version: int) -> tuple[int, int, int] | None:
@@ -37,8 +42,15 @@ def _commit_file_marker(uri: str, version: int) -> tuple[int, int, int] | None:
     return (version, st.st_size, st.st_mtime_ns)
 
 
-def open_table(uri: str, storage_options: Mapping[str, str] | None = None) -> Any | None:
-    """The table at ``uri`` at its latest version, or None if there is none."""
+def open_table(
+    uri: str, storage_options: Mapping[str, str] | None = None, *, refresh: bool = True
+) -> Any | None:
+    """The table at ``uri`` at its latest version, or None if there is none.
+
+    ``refresh=False`` returns this thread's cached table as last read, if that
+    was less than :data:`STALE_OK_S` ago: for a commit whose conflict check makes
+    a slightly stale snapshot safe.
+    """
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -53,8 +65,11 @@ def open_table(uri: str, storage_options: Mapping[str, str] | None = None) -> An
     entry = cache.pop(key, None)
     dt = None
     if entry is not None:
-        cached, marker = entry
+        cached, marker, read_at = entry
         if marker is not None and _commit_file_marker(uri, marker[0]) == marker:
+            if not refresh and time.monotonic() - read_at < STALE_OK_S:
+                cache[key] = entry
+                return cached
             try:
                 cached.update_incremental()
                 dt = cached
@@ -65,5 +80,11 @@ def open_table(uri: str, storage_options: Mapping[str, str] | None = None) -> An
             dt = DeltaTable(uri, storage_options=options)
         except TableNotFoundError:
             return None
-    cache[key] = (dt, _commit_file_marker(uri, dt.version()))
+    cache[key] = (dt, _commit_file_marker(uri, dt.version()), time.monotonic())
     return dt
+
+
+def forget_table(uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+    """Drop this thread's cached table: the next open reads the log from scratch."""
+    cache: dict = _LOCAL.__dict__.setdefault("tables", {})
+    cache.pop((uri, tuple(sorted(dict(storage_options or {}).items()))), None)

@@ -286,6 +286,14 @@ def _status(
     batch, error = (None, None)
     if rec is not None and handle.target_uri is not None:
         batch, error = target if target is not None else _target_batch(handle)
+    if kind == "pending" and batch is not None and batch >= rec.batch_id:
+        # The usual state of the last record: its phase 2 landed and the next
+        # record (or a restart's recovery) confirms it in the record table.
+        kind = "committed"
+        refusal = (
+            f"it is committed (the target holds batch {batch} >= {rec.batch_id}); a "
+            "committed snapshot is never abandoned"
+        )
     if refusal is None and rec is not None and batch is not None and batch >= rec.batch_id:
         refusal = (
             f"the target already holds batch {batch} >= {rec.batch_id}: phase 2 landed; "
@@ -305,10 +313,9 @@ def stuck_snapshots(handle: SinkHandle) -> list[SnapshotStatus]:
     """Safe records whose phase 2 was never confirmed, oldest first, each with the
     target's committed batch of this sink.
 
-    A running query shows its current batch here for a moment. A stuck record
-    whose batch the target holds only lacks its ``committed`` event: restarting
-    the query writes it. One whose batch the target lacks is finished by a
-    restart too, unless phase 2 can no longer succeed (files lost, target
+    A running query shows its current batch here for a moment. A record whose
+    batch the target holds is committed (the next record confirms it), so it is
+    not listed. One whose batch the target lacks is finished by a restart too, unless phase 2 can no longer succeed (files lost, target
     dropped or altered): then :func:`abandon_snapshot` withdraws it.
     """
     state = handle.load()
@@ -316,7 +323,8 @@ def stuck_snapshots(handle: SinkHandle) -> list[SnapshotStatus]:
     if not pending:
         return []
     target = _target_batch(handle) if handle.target_uri is not None else None
-    return [_status(handle, state, rec.snapshot_id, target) for rec in pending]
+    statuses = [_status(handle, state, rec.snapshot_id, target) for rec in pending]
+    return [s for s in statuses if s.state == "pending"]
 
 
 def abandon_snapshot(handle: SinkHandle, snapshot_id: int, reason: str) -> SinkState:
@@ -431,13 +439,18 @@ def _table_files(handle: SinkHandle) -> tuple[int, set[str]] | None:
     return dt.version(), {unquote(p) for p in paths} | set(paths)
 
 
-def _not_in_table(table: tuple[int, set[str]] | None, committed_version: int | None) -> Problem:
+def _not_in_table(
+    table: tuple[int, set[str]] | None,
+    committed_version: int | None,
+    stamp_matches: bool = True,
+) -> Problem:
     """Why a committed file is not in the table now: a later removal is a warning; a table
-    that is gone, or older than the commit (re-created, restored), lost committed data."""
+    that is gone, older than the commit, or whose commit at that version is not this
+    record's (re-created, restored) lost committed data."""
     if table is None:
         return Problem("error", "not-in-table", "", "committed, but there is no table any more")
     version = table[0]
-    if committed_version is not None and version < committed_version:
+    if committed_version is not None and (version < committed_version or not stamp_matches):
         return Problem(
             "error",
             "not-in-table",
@@ -470,14 +483,24 @@ def verify(handle: SinkHandle, progress: Progress | None = None) -> VerifyReport
     if not records:
         return VerifyReport(handle.sink_id, handle.target_uri)
     fs, root = _fs.filesystem(handle.target_uri)
-    table = _table_files(handle) if state.committed else None
+    target = handle.target()
+    committed = dict(state.committed)
+    for rec in pending_phase2(state):  # the last record: the next one would confirm it
+        version = target.committed_version(rec)
+        if version is not None:
+            committed[rec.snapshot_id] = version
+    table = _table_files(handle) if committed else None
+    stamps = target.commit_stamps(v for v in committed.values() if v is not None)
     plan: list[tuple[SnapshotRecord, list[Problem], list]] = []
     for rec in records:
         problems: list[Problem] = []
         to_read = []
         for t in rec.txns:
-            if rec.snapshot_id in state.committed and (table is None or t.handle not in table[1]):
-                why = _not_in_table(table, state.committed.get(rec.snapshot_id))
+            if rec.snapshot_id in committed and (table is None or t.handle not in table[1]):
+                version = committed.get(rec.snapshot_id)
+                why = _not_in_table(
+                    table, version, version is None or stamps.get(version) == rec.record_id
+                )
                 problems.append(replace(why, handle=t.handle))
             else:
                 to_read.append(t)
@@ -501,7 +524,7 @@ def verify(handle: SinkHandle, progress: Progress | None = None) -> VerifyReport
             SnapshotCheck(
                 snapshot_id=rec.snapshot_id,
                 batch_id=rec.batch_id,
-                committed=rec.snapshot_id in state.committed,
+                committed=rec.snapshot_id in committed,
                 files=len(rec.txns),
                 bytes=sum(t.bytes for t in rec.txns),
                 problems=tuple(problems),

@@ -112,8 +112,10 @@ class DeltaTarget(Target):
 
     # --- reading --------------------------------------------------------------
 
-    def open(self):
-        return open_table(self.uri, self.storage_options)
+    def open(self, refresh: bool = True):
+        """The table now; ``refresh=False`` accepts this thread's copy of a few seconds
+        ago, for checks that the phase 2 commit makes again on a fresh one."""
+        return open_table(self.uri, self.storage_options, refresh=refresh)
 
     def committed_batch(self, sink_id: str) -> int | None:
         dt = self.open()
@@ -126,7 +128,7 @@ class DeltaTarget(Target):
                 f"option path={self.uri!r} is a file, not a directory: the target must be a "
                 "Delta table or a new (or empty) directory"
             )
-        dt = self.open()
+        dt = self.open(refresh=False)
         if dt is None:  # partition columns were checked against the stream by the options
             self._check_no_foreign_files()
             return
@@ -303,14 +305,14 @@ class DeltaTarget(Target):
 
     def base_version(self) -> int | None:
         """The target's version now: phase 2's commit will be above it."""
-        dt = self.open()
+        dt = self.open(refresh=False)  # older is fine: a lower bound
         return None if dt is None else dt.version()
 
     def preflight(self, record: SnapshotRecord) -> None:
         """What phase 2 would refuse, found before the record is written."""
         stream_schema = schema_from_b64(record.target["arrow_schema"])
         check_writable_schema(stream_schema)
-        dt = self.open()
+        dt = self.open(refresh=False)
         if dt is None:
             return
         self.check_stream_schema(stream_schema, bool(record.target.get("merge_schema")))
@@ -407,6 +409,32 @@ class DeltaTarget(Target):
         )
         dt.update_incremental()
         return self._own_commit(dt, record, record.batch_id)
+
+    def committed_version(self, record: SnapshotRecord) -> int | None:
+        """The table version that holds ``record``'s commit (by its stamp); None if the
+        table does not hold it."""
+        dt = self.open()
+        done = None if dt is None else dt.transaction_version(self.sink_id)
+        if done is None or done < record.batch_id:
+            return None
+        try:
+            return self._own_commit(dt, record, done)
+        except CheckpointMismatchError:
+            return None
+
+    def commit_stamps(self, versions: Iterable[int]) -> dict[int, str | None]:
+        """Version -> the record id stamped on its commit (None: not ours), for the
+        versions the table still has."""
+        dt = self.open()
+        wanted = set(versions)
+        if dt is None or not wanted:
+            return {}
+        out: dict[int, str | None] = {}
+        for entry in dt.history(max(1, dt.version() - min(wanted) + 1)):
+            v = entry.get("version")
+            if v in wanted:
+                out[v] = entry.get(META_PREFIX + "record_id")
+        return out
 
     def _own_commit(self, dt, record: SnapshotRecord, done: int) -> int:
         """The version whose commit carries ``record``'s stamp, searched above the version

@@ -10,8 +10,10 @@ is driven by Spark in production and by plain tests with in-memory parts.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -32,13 +34,38 @@ from ..state import (
     pending_phase2,
     record_snapshot,
     settled,
+    summarize,
+    summary_due,
     take_over,
 )
+from ..state.core import DEFAULT_RETAIN_SNAPSHOTS, SETTLE_IDS
 from ..state.store import RecordStore
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# Per process: record id -> target version of every phase 2 this process
+# finished lately. "Phase 2 of this record returned" never stops being true, so
+# the next batch's commit (usually in the same reused Python worker) confirms
+# the previous record without asking the target again.
+_PHASE2_DONE: OrderedDict[str, int | None] = OrderedDict()
+_PHASE2_DONE_MAX = 256
+_PHASE2_LOCK = threading.Lock()
+
+
+def _phase2_done(record_id: str) -> tuple[bool, int | None]:
+    with _PHASE2_LOCK:
+        if record_id in _PHASE2_DONE:
+            return True, _PHASE2_DONE[record_id]
+    return False, None
+
+
+def _remember_phase2(record_id: str, version: int | None) -> None:
+    with _PHASE2_LOCK:
+        _PHASE2_DONE[record_id] = version
+        while len(_PHASE2_DONE) > _PHASE2_DONE_MAX:
+            _PHASE2_DONE.popitem(last=False)
 
 
 class Target(ABC):
@@ -114,6 +141,8 @@ class TwoPhaseCommitter:
         phase2_attempts: int = 5,
         backoff_s: float = 0.1,
         sweep_every: int = 32,
+        retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS,
+        summary_window_ids: int = 2 * SETTLE_IDS,
     ) -> None:
         self.store = store
         self.target = target
@@ -122,6 +151,8 @@ class TwoPhaseCommitter:
         self.phase2_attempts = phase2_attempts
         self.backoff_s = backoff_s
         self.sweep_every = sweep_every
+        self.retain_snapshots = retain_snapshots
+        self.summary_window_ids = summary_window_ids
 
     def load(self) -> SinkState:
         return self.store.load_sink(self.sink_id)
@@ -183,12 +214,15 @@ class TwoPhaseCommitter:
             if rec.snapshot_id != snapshot_id:
                 self.target.discard(snapshot_id, token)
             if rec.snapshot_id not in state.committed:
-                state = self._phase2(state, rec)
+                state, _ = self._phase2(state, rec, confirm=True)
             if not recovered:  # recovery has just swept
                 self._sweep(state)
             return rec
-        for pending in pending_phase2(state):  # an older decision lands before a newer one
-            state = self._phase2(state, pending)
+        # An older decision lands before a newer one. In a steady run that is the
+        # previous batch, whose phase 2 is done: the new record confirms it.
+        confirms = {}
+        for pending in pending_phase2(state):
+            state, confirms[pending.snapshot_id] = self._phase2(state, pending, confirm=False)
         committed = self.target.committed_batch(self.sink_id)
         if committed is not None and committed >= batch_id:
             raise CheckpointMismatchError(
@@ -207,6 +241,7 @@ class TwoPhaseCommitter:
             target=target_meta or {},
             token=token,
             run_id=run_id if run_id is not None else state.epoch_owner,
+            confirms=confirms,
         )
         self.target.verify_staged(snapshot_id, token, record.txns)
         self.target.preflight(record)
@@ -214,18 +249,37 @@ class TwoPhaseCommitter:
         self.faults.hit("before_record", batch_id)
         _, state = self._update(lambda s: record_snapshot(s, record), state)
         self.faults.hit("after_record", batch_id)
-        state = self._phase2(state, record)
+        state, _ = self._phase2(state, record, confirm=False)
         if _skipped_ids(previous, snapshot_id) or snapshot_id % self.sweep_every == 0:
             # Attempts allocated since the last record died with this one (or
             # it is time for the periodic sweep that catches files written late
             # into dead attempts). Only provably dead attempts go.
             self._sweep(state)
-        if previous is not None:
+        if previous is not None and previous.snapshot_id not in confirms:
+            # (a confirmed previous record was just cleaned up by its phase 2.)
             # Tasks of the previous batch have all ended by now: files a
             # speculative or late attempt wrote into its folder since its own
             # phase 2 are named by no record and go.
             self.target.discard(previous.snapshot_id, previous.token, _handles(previous))
+        if summary_due(state, self.retain_snapshots, self.summary_window_ids):
+            self._summarize(state)
         return record
+
+    def _summarize(self, state: SinkState) -> None:
+        """Bound the history: write a summary, then delete the events it restates."""
+        event, _ = self._update(
+            lambda s: summarize(s, self.retain_snapshots, self.summary_window_ids), state
+        )
+        log.info(
+            "sink %s: history summarized at event %d (%d events)",
+            self.sink_id,
+            event.seq,
+            event.payload["summarized_events"],
+        )
+        try:
+            self.store.log.truncate(self.sink_id, event.seq)
+        except Exception as e:  # the summary is safe; deleting is housekeeping
+            log.warning("sink %s: deleting summarized events failed: %r", self.sink_id, e)
 
     def _recover(self, state: SinkState, query_id: str | None) -> SinkState:
         """A new run took over: check the target, finish safe records, sweep the dead."""
@@ -233,7 +287,7 @@ class TwoPhaseCommitter:
         if not state.records:
             self.target.check_new_sink(self.sink_id, query_id)
         for rec in pending_phase2(state):
-            state = self._phase2(state, rec)
+            state, _ = self._phase2(state, rec, confirm=True)
         self._sweep(state)
         return state
 
@@ -266,20 +320,30 @@ class TwoPhaseCommitter:
                 "table."
             )
 
-    def _phase2(self, state: SinkState, record: SnapshotRecord) -> SinkState:
-        """Commit a safe record's txns. Idempotent; re-runnable from the record alone."""
-        version = _retry(
-            f"phase 2 of snapshot {record.snapshot_id}",
-            lambda: self.target.commit(record),
-            self.phase2_attempts,
-            self.backoff_s,
-        )
-        self.target.discard(record.snapshot_id, record.token, _handles(record))
+    def _phase2(
+        self, state: SinkState, record: SnapshotRecord, *, confirm: bool
+    ) -> tuple[SinkState, int | None]:
+        """Commit a safe record's txns. Idempotent; re-runnable from the record alone.
+
+        ``confirm`` writes a ``committed`` event now; otherwise the next record
+        confirms it (and until then recovery redoes this no-op phase 2).
+        Returns the state and the target version.
+        """
+        done, version = _phase2_done(record.record_id)
+        if not done:
+            version = _retry(
+                f"phase 2 of snapshot {record.snapshot_id}",
+                lambda: self.target.commit(record),
+                self.phase2_attempts,
+                self.backoff_s,
+            )
+            self.target.discard(record.snapshot_id, record.token, _handles(record))
+            _remember_phase2(record.record_id, version)
         self.faults.hit("after_phase2", record.batch_id)
-        if record.snapshot_id not in state.committed:
+        if confirm and record.snapshot_id not in state.committed:
             _, state = self._update(lambda s: mark_committed(s, record.snapshot_id, version), state)
         self.faults.hit("after_commit", record.batch_id)
-        return state
+        return state, version
 
     # --- driver, Spark's abort -------------------------------------------------
 

@@ -1,6 +1,7 @@
 """Protocol state: a pure core (records, fold, transitions) and a thin IO shell."""
 
 from .core import (
+    DEFAULT_RETAIN_SNAPSHOTS,
     NO_SNAPSHOT,
     Decide,
     ExecutionRecord,
@@ -23,6 +24,8 @@ from .core import (
     pending_phase2,
     record_snapshot,
     settled,
+    summarize,
+    summary_due,
     take_over,
 )
 from .delta_log import DeltaEventLog
@@ -31,6 +34,7 @@ from .offset_log import OffsetLogState, fold_offsets
 from .store import AppendRejected, EventLog, MemoryEventLog, RecordStore
 
 __all__ = [
+    "DEFAULT_RETAIN_SNAPSHOTS",
     "FORMAT_VERSION",
     "NO_SNAPSHOT",
     "AppendRejected",
@@ -63,5 +67,7 @@ __all__ = [
     "pending_phase2",
     "record_snapshot",
     "settled",
+    "summarize",
+    "summary_due",
     "take_over",
 ]

@@ -52,6 +52,7 @@ class Invariant(str, Enum):
         "snapshot records strictly increase; only an explicit abandon withdraws one"
     )
     ABANDON_ONLY_UNDECIDED = "only an allocation or an uncommitted last record can be abandoned"
+    SUMMARY_RESTATES = "a summary restates the fold of the events before it"
 
 
 def _violation(invariant: Invariant, detail: str) -> ProtocolViolation:
@@ -120,6 +121,9 @@ class SnapshotRecord:
     # Unique per record: phase 2 stamps it on the target's commit, so "the
     # target already has it" is checked against this record, not a batch number.
     record_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Phase 2 of earlier records, done before this one was decided: snapshot id ->
+    # target version. Saves a ``committed`` write per batch.
+    confirms: Mapping[int, int | None] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -143,6 +147,11 @@ class SnapshotRecord:
                 "token": self.token,
                 "run_id": self.run_id,
                 "record_id": self.record_id,
+                **(
+                    {"confirms": {str(k): v for k, v in self.confirms.items()}}
+                    if self.confirms
+                    else {}
+                ),
             },
         )
 
@@ -163,6 +172,7 @@ class SnapshotRecord:
             token=p.get("token", ""),
             run_id=p.get("run_id"),
             record_id=p.get("record_id") or e.event_id,
+            confirms=_confirms(e),
         )
 
 
@@ -197,7 +207,7 @@ class SinkState:
     epoch: int = 0
     epoch_owner: str | None = None
     epoch_floor: int = NO_SNAPSHOT  # the snapshot id the current owner took over with
-    owners: frozenset[str] = frozenset()  # every run that ever held an epoch
+    owners: tuple[str, ...] = ()  # the runs that held an epoch, oldest first (bounded)
     query_id: str | None = None
     ongoing_snapshot_id: int = NO_SNAPSHOT
     allocations: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -206,6 +216,7 @@ class SinkState:
     high_water: int = NO_SNAPSHOT
     abandoned: frozenset[int] = frozenset()
     committed: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+    summary_seq: int = 0  # seq of the last summary: the history before it may be gone
 
     @property
     def snapshot_id(self) -> int:
@@ -235,7 +246,8 @@ class SinkState:
 
     def apply(self, e: Event) -> SinkState:
         """Fold one event in, refusing any event that breaks an invariant."""
-        if e.seq != self.next_seq:
+        if e.seq != self.next_seq and not (self.next_seq == 0 and e.kind is EventKind.SUMMARY):
+            # (a read may start at a summary: the events before it were deleted)
             raise _violation(
                 Invariant.SEQ_GAP_FREE, f"{self.sink_id}: expected seq {self.next_seq}, got {e.seq}"
             )
@@ -250,7 +262,7 @@ class SinkState:
                 epoch=e.epoch,
                 epoch_owner=owner,
                 epoch_floor=self.epoch_floor if floor is None else floor,
-                owners=self.owners | {owner} if owner else self.owners,
+                owners=(*self.owners, owner) if owner else self.owners,
                 query_id=e.query_id,
             )
         if e.kind is EventKind.ALLOCATED:
@@ -288,9 +300,27 @@ class SinkState:
                     Invariant.ONE_RECORD_PER_BATCH,
                     f"batch {rec.batch_id} recorded after batch {self.last_record.batch_id}",
                 )
+            confirmed = _confirms(e)
+            for sid in confirmed:
+                prior = self.record_for_snapshot(sid)
+                if prior is None or prior.snapshot_id >= rec.snapshot_id:
+                    raise _violation(
+                        Invariant.COMMIT_AFTER_SAFE_RECORD,
+                        f"record {rec.snapshot_id} confirms phase 2 of snapshot {sid}, "
+                        "which has no earlier safe record",
+                    )
             records = dict(self.records)
             records[rec.batch_id] = rec
-            return replace(s, records=_frozen(records), last_record=rec, high_water=rec.snapshot_id)
+            committed = self.committed
+            if confirmed:
+                committed = _frozen({**self.committed, **confirmed})
+            return replace(
+                s,
+                records=_frozen(records),
+                last_record=rec,
+                high_water=rec.snapshot_id,
+                committed=committed,
+            )
         if e.kind is EventKind.COMMITTED:
             if self.record_for_snapshot(e.snapshot_id) is None:
                 raise _violation(
@@ -323,7 +353,81 @@ class SinkState:
                 abandoned=self.abandoned | {sid},
                 high_water=max(self.high_water, sid),
             )
+        if e.kind is EventKind.SUMMARY:
+            return _from_summary(s, e, continuing=self.next_seq == e.seq)
         raise ProtocolViolation(f"{self.sink_id}: event kind {e.kind.value} is not a sink event")
+
+
+def _confirms(e: Event) -> dict[int, int | None]:
+    """Phase 2 confirmations a snapshot record carries for earlier records."""
+    return {int(sid): v for sid, v in (e.payload.get("confirms") or {}).items()}
+
+
+def _record_to_json(rec: SnapshotRecord) -> dict[str, Any]:
+    e = rec.to_event(0)
+    return {
+        "snapshot_id": rec.snapshot_id,
+        "batch_id": rec.batch_id,
+        "epoch": rec.epoch,
+        "query_id": rec.query_id,
+        "created_at": rec.created_at.isoformat() if rec.created_at else None,
+        "payload": e.payload,
+    }
+
+
+def _record_from_json(sink_id: str, d: Mapping[str, Any]) -> SnapshotRecord:
+    created = d.get("created_at")
+    event = Event(
+        stream=sink_id,
+        seq=0,
+        kind=EventKind.SNAPSHOT,
+        epoch=d["epoch"],
+        snapshot_id=d["snapshot_id"],
+        batch_id=d["batch_id"],
+        query_id=d.get("query_id"),
+        payload=d["payload"],
+        **({"created_at": datetime.fromisoformat(created)} if created else {}),
+    )
+    return SnapshotRecord.from_event(event)
+
+
+#: Runs a summary keeps for fencing: a run older than these is also fenced by
+#: the snapshot ids it holds (they are below the current owner's floor).
+SUMMARY_OWNERS = 1000
+
+
+def _from_summary(s: SinkState, e: Event, continuing: bool) -> SinkState:
+    """The state a summary restates. Continuing a fold, it must agree with the events
+    before it (then it bounds the in-memory state too); a read may also start at it."""
+    p = e.payload
+    if continuing:
+        restated = (e.epoch, p["high_water"], p["ongoing_snapshot_id"])
+        mine = (s.epoch, s.high_water, s.ongoing_snapshot_id)
+        if restated != mine:
+            raise _violation(
+                Invariant.SUMMARY_RESTATES,
+                f"summary #{e.seq} says (epoch, high water, ongoing) = {restated}, "
+                f"the events before it say {mine}",
+            )
+    records = [_record_from_json(s.sink_id, r) for r in p["records"]]
+    by_batch = {r.batch_id: r for r in records}
+    return replace(
+        s,
+        next_seq=e.seq + 1,
+        epoch=e.epoch,
+        epoch_owner=p.get("epoch_owner"),
+        epoch_floor=p["epoch_floor"],
+        owners=tuple(p.get("owners") or ()),
+        query_id=e.query_id,
+        ongoing_snapshot_id=p["ongoing_snapshot_id"],
+        allocations=_frozen({int(k): v for k, v in p["allocations"].items()}),
+        records=_frozen(by_batch),
+        last_record=max(records, key=lambda r: r.snapshot_id) if records else None,
+        high_water=p["high_water"],
+        abandoned=frozenset(p["abandoned"]),
+        committed=_frozen({int(k): v for k, v in p["committed"].items()}),
+        summary_seq=e.seq,
+    )
 
 
 def fold(state: S, events: Iterable[Event]) -> S:
@@ -595,4 +699,58 @@ def pending_phase2(state: SinkState) -> list[SnapshotRecord]:
     return sorted(
         (r for r in state.records.values() if r.snapshot_id not in state.committed),
         key=lambda r: r.snapshot_id,
+    )
+
+
+# --- retention -------------------------------------------------------------
+
+#: Snapshot records a sink keeps by default; older history is summarized away.
+DEFAULT_RETAIN_SNAPSHOTS = 100
+
+
+def summary_due(state: SinkState, retain_snapshots: int, window_ids: int = 2 * SETTLE_IDS) -> bool:
+    """Whether enough events piled up since the last summary to write a new one."""
+    return state.next_seq - state.summary_seq >= 2 * retain_snapshots + window_ids
+
+
+def summarize(state: SinkState, retain_snapshots: int, window_ids: int = 2 * SETTLE_IDS) -> Event:
+    """The fold so far, bounded: after it lands, every older event may be deleted.
+
+    Kept: every record from a floor on, the floor being the oldest of the last
+    ``retain_snapshots`` records and of those whose phase 2 is unconfirmed, or
+    ``window_ids`` ids below the high-water mark if that is lower (what sweeps
+    ask about); allocations, abandons and commits from the floor on; the
+    allocation high-water mark, epoch and recent owners, so ids are never
+    reused and old runs stay fenced.
+
+    An allocation is never kept without its record: :func:`dead_snapshots`
+    would take a committed attempt whose record is gone for a dead one.
+    Attempts below the floor are unknown afterwards, and never deleted.
+    """
+    if retain_snapshots < 1:
+        raise TxnError(f"retain_snapshots={retain_snapshots}: keep at least the last record")
+    by_id = sorted(state.records.values(), key=lambda r: r.snapshot_id)
+    newest = [r.snapshot_id for r in by_id[-retain_snapshots:]]
+    floor = min([*newest, *(r.snapshot_id for r in pending_phase2(state))], default=0)
+    floor = min(floor, state.high_water - window_ids)
+    kept = {r.snapshot_id: r for r in by_id if r.snapshot_id >= floor}
+    cut = floor
+    return Event(
+        stream=state.sink_id,
+        seq=state.next_seq,
+        kind=EventKind.SUMMARY,
+        epoch=state.epoch,
+        query_id=state.query_id,
+        payload={
+            "epoch_owner": state.epoch_owner,
+            "epoch_floor": state.epoch_floor,
+            "owners": list(state.owners[-SUMMARY_OWNERS:]),
+            "ongoing_snapshot_id": state.ongoing_snapshot_id,
+            "high_water": state.high_water,
+            "allocations": {str(k): v for k, v in state.allocations.items() if k >= cut},
+            "abandoned": sorted(k for k in state.abandoned if k >= cut),
+            "committed": {str(k): v for k, v in state.committed.items() if k in kept},
+            "records": [_record_to_json(kept[k]) for k in sorted(kept)],
+            "summarized_events": state.next_seq - state.summary_seq,
+        },
     )

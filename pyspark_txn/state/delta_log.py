@@ -5,21 +5,29 @@ transaction ``txn(appId=stream, version=seq)``. The check ``txn version >= seq``
 is made on the same ``DeltaTable`` snapshot the commit is built on, so a racing
 writer with the same stream loses with ``CommitFailedError`` (measured on
 deltalake 1.6.6; a path string instead of the object would reload and lose the
-check). Small appends are compacted, checkpointed and vacuumed every
-``compact_every`` versions so reads, commits and the folder stay small over
-thousands of batches.
+check). Small appends are compacted, checkpointed, vacuumed and their log
+entries cleaned up every ``compact_every`` versions, and summarized history is
+deleted (:meth:`truncate`), so reads, commits and the folder stay small over
+any number of batches.
+
+Measured (deltalake 1.6.6, local disk): with delta-rs's post-commit hooks on
+and a day of log retention, one append cost 9 ms on a fresh table and 58 ms
+after 500 versions (the log folder is listed and replayed at every commit);
+with the hooks off and maintenance here, ~9 ms flat.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _fs
-from .._delta import open_table
+from .._delta import forget_table, open_table
 from .events import Event, arrow_schema, events_to_arrow
 from .store import AppendRejected, EventLog
 
@@ -44,6 +52,33 @@ class _TableCache:
 _CACHES: dict[str, _TableCache] = {}
 _CACHES_LOCK = threading.Lock()
 
+#: Log retention of record tables this version creates on local disk. Short is
+#: safe there because every append checks it is visible (:func:`_check_visible`).
+#: Elsewhere a writer stalled for longer than the retention between its read and
+#: its commit could recreate a cleaned-up version that no reader sees: a day.
+LOG_RETENTION_LOCAL = "interval 1 minutes"
+LOG_RETENTION_REMOTE = "interval 1 days"
+
+
+class InvisibleCommit(Exception):
+    """A commit landed at or below the table's last checkpoint: readers that start there
+    may never see it. The outcome is unknown; the caller re-reads to decide."""
+
+
+def _last_checkpoint_version(uri: str) -> int | None:
+    try:
+        with open(os.path.join(uri, "_delta_log", "_last_checkpoint")) as f:
+            return int(json.load(f)["version"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _NO_HOOKS():  # noqa: N802 - reads as a constant
+    """Checkpoints and log cleanup happen in ``_maintain``, not after every event."""
+    from deltalake.transaction import PostCommitHookProperties
+
+    return PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
+
 
 class DeltaEventLog(EventLog):
     def __init__(
@@ -52,12 +87,10 @@ class DeltaEventLog(EventLog):
         storage_options: Mapping[str, str] | None = None,
         *,
         compact_every: int = 32,
-        vacuum_retention_hours: int = 1,
     ) -> None:
         self.uri = uri
         self.storage_options = dict(storage_options or {}) or None
         self.compact_every = compact_every
-        self.vacuum_retention_hours = vacuum_retention_hours
 
     def __repr__(self) -> str:
         return f"DeltaEventLog({self.uri!r})"
@@ -65,8 +98,8 @@ class DeltaEventLog(EventLog):
     def memo_key(self):
         return ("delta", self.uri)
 
-    def _open(self):
-        return open_table(self.uri, self.storage_options)
+    def _open(self, refresh: bool = True):
+        return open_table(self.uri, self.storage_options, refresh=refresh)
 
     def _cache(self) -> _TableCache:
         with _CACHES_LOCK:
@@ -84,8 +117,12 @@ class DeltaEventLog(EventLog):
                 name="pyspark_txn_records",
                 description="pyspark-txn record table (append-only event log)",
                 # The history lives in the rows; old log files only slow down listing.
+                # A writer stalled longer than this between its read and its commit
+                # could recreate a cleaned-up version: far beyond any protocol step.
                 configuration={
-                    "delta.logRetentionDuration": "interval 1 days",
+                    "delta.logRetentionDuration": (
+                        LOG_RETENTION_LOCAL if _fs.is_local(self.uri) else LOG_RETENTION_REMOTE
+                    ),
                     "delta.checkpointInterval": str(self.compact_every),
                 },
                 storage_options=self.storage_options,
@@ -96,7 +133,9 @@ class DeltaEventLog(EventLog):
         from deltalake.exceptions import CommitFailedError
         from deltalake.transaction import CommitProperties, Transaction
 
-        dt = self._open()
+        # The table as this thread last read it: a stale snapshot is safe (the
+        # commit then conflicts on the app transaction and the caller re-reads).
+        dt = self._open(refresh=False)
         if dt is None:
             self.create_if_missing()
             dt = self._open()
@@ -115,9 +154,18 @@ class DeltaEventLog(EventLog):
                     app_transactions=[Transaction(app_id=event.stream, version=event.seq)],
                     custom_metadata={"pyspark_txn.event": event.kind.value},
                 ),
+                post_commithook_properties=_NO_HOOKS(),
             )
         except CommitFailedError as e:
             raise AppendRejected(str(e)) from e
+        if _fs.is_local(self.uri):
+            checkpoint = _last_checkpoint_version(self.uri)
+            if checkpoint is not None and checkpoint >= dt.version():
+                forget_table(self.uri, self.storage_options)
+                raise InvisibleCommit(
+                    f"{event.stream}#{event.seq} committed as version {dt.version()}, not above "
+                    f"the last checkpoint {checkpoint}"
+                )
         self._maintain(dt)
 
     def _maintain(self, dt) -> None:
@@ -125,22 +173,43 @@ class DeltaEventLog(EventLog):
         if self.compact_every <= 0 or version % self.compact_every:
             return
         try:
-            dt.optimize.compact()
+            dt.optimize.compact(post_commithook_properties=_NO_HOOKS())
             dt.create_checkpoint()
+            dt.cleanup_metadata()
             # Compaction only un-lists the small files; without a vacuum a table
-            # with one commit per event keeps one file per event forever. Files
-            # compacted away longer ago than the retention are read by nobody.
-            dt.vacuum(
-                retention_hours=self.vacuum_retention_hours,
-                dry_run=False,
-                enforce_retention_duration=False,
-            )
+            # with one commit per event keeps one file per event forever. A reader
+            # still listing the old files retries on the new ones (_all_events).
+            dt.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
         except Exception as e:  # an optimisation only: the events are already safe
             log.warning(
                 "record table %s: compaction at version %d failed: %r", self.uri, version, e
             )
 
+    def truncate(self, stream: str, below_seq: int) -> None:
+        from deltalake.exceptions import CommitFailedError
+
+        dt = self._open()
+        if dt is None:
+            return
+        quoted = stream.replace("'", "''")
+        try:
+            dt.delete(
+                f"stream = '{quoted}' AND seq < {int(below_seq)}",
+                post_commithook_properties=_NO_HOOKS(),
+            )
+        except CommitFailedError as e:  # raced with an append: the next summary retries
+            log.info("record table %s: deleting summarized events lost a race: %s", self.uri, e)
+
     def _all_events(self) -> list[Event]:
+        for attempt in range(3):
+            try:
+                return self._read_all_events()
+            except FileNotFoundError:  # compacted and vacuumed while listed: read again
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _read_all_events(self) -> list[Event]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 

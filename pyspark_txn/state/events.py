@@ -19,7 +19,10 @@ from ..errors import UnsupportedFormatVersion
 
 #: Bumped when the meaning of a column or payload key changes. Readers refuse
 #: newer versions instead of guessing what they mean.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: The format each kind is written with: readers that predate a kind refuse it
+#: by version instead of misreading it (version 1 readers know no summaries).
+_KIND_FORMAT = {"summary": 2}
 
 
 class EventKind(str, Enum):
@@ -28,6 +31,7 @@ class EventKind(str, Enum):
     SNAPSHOT = "snapshot"  # the snapshot record: the commit decision, made safe
     COMMITTED = "committed"  # phase 2 done; pins the target version
     ABANDONED = "abandoned"  # an allocation or an uncommitted record was withdrawn
+    SUMMARY = "summary"  # the fold so far, bounded: the events before it may be deleted
     CLAIM = "claim"  # offset log: message ids claimed for one offset
     ACKED = "acked"  # offset log: claims up to an offset were acknowledged
 
@@ -44,7 +48,11 @@ class Event:
     payload: dict[str, Any] = field(default_factory=dict)
     event_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
-    format_version: int = FORMAT_VERSION
+    format_version: int = 0  # 0: the format this kind is written with
+
+    def __post_init__(self) -> None:
+        if not self.format_version:
+            object.__setattr__(self, "format_version", _KIND_FORMAT.get(self.kind.value, 1))
 
     def with_seq(self, seq: int) -> Event:
         return replace(self, seq=seq)

@@ -49,6 +49,13 @@ class EventLog(ABC):
     @abstractmethod
     def streams(self) -> list[str]: ...
 
+    def truncate(self, stream: str, below_seq: int) -> None:  # noqa: B027 - optional
+        """Delete the events of ``stream`` below ``below_seq`` (a summary restates them).
+
+        Best effort and idempotent: a backend may keep them. Readers must accept a
+        history that starts at a summary.
+        """
+
     def memo_key(self) -> Hashable | None:
         """Identifies the log across instances in this process, so folds can be
         continued instead of redone (None: never memoize)."""
@@ -73,7 +80,13 @@ class MemoryEventLog(EventLog):
 
     def read(self, stream: str) -> list[Event]:
         with self._lock:
-            return list(self._events.get(stream, ()))
+            return [e for e in self._events.get(stream, ()) if e is not None]
+
+    def truncate(self, stream: str, below_seq: int) -> None:
+        with self._lock:  # keep the positions: the next free seq stays the list's length
+            events = self._events.get(stream, [])
+            for i in range(min(below_seq, len(events))):
+                events[i] = None
 
     def streams(self) -> list[str]:
         with self._lock:
@@ -84,17 +97,23 @@ class MemoryEventLog(EventLog):
 
 
 # Per process: the last fold of each (log, stream, fold function). Logs are
-# append-only and every event has a unique id, so when the event at the
-# memoized length still has the memoized id, the memoized state is the fold of
-# that prefix and only the newer events need applying (through the same
-# invariant checks). Without this, every read re-folds the whole history.
+# append-only (older events may only be summarized away) and every event has a
+# unique id, so when the event at the memoized seq still has the memoized id,
+# the memoized state is the fold up to it and only the newer events need
+# applying (through the same invariant checks). Without this, every read
+# re-folds the whole history.
 _FOLDS: dict[tuple, tuple[int, str, Any]] = {}
 _FOLDS_LOCK = threading.Lock()
 
 
-def _continues(events: list[Event], length: int, last_event_id: str) -> bool:
-    """Whether ``events`` extends the history a memoized fold has seen."""
-    return 0 < length <= len(events) and events[length - 1].event_id == last_event_id
+def _newer_than(events: list[Event], seq: int, event_id: str) -> list[Event] | None:
+    """The events after ``seq`` if ``events`` still holds that event; else None."""
+    if not events:
+        return None
+    i = seq - events[0].seq
+    if 0 <= i < len(events) and events[i].event_id == event_id:
+        return events[i + 1 :]
+    return None
 
 
 class RecordStore:
@@ -125,13 +144,11 @@ class RecordStore:
         memo_key = (key, stream, fold)
         with _FOLDS_LOCK:
             memo = _FOLDS.get(memo_key)
-        if memo is not None and _continues(events, memo[0], memo[1]):
-            state = fold_more(memo[2], events[memo[0] :])
-        else:
-            state = fold(stream, events)
+        newer = None if memo is None else _newer_than(events, memo[0], memo[1])
+        state = fold(stream, events) if newer is None else fold_more(memo[2], newer)
         if events:
             with _FOLDS_LOCK:
-                _FOLDS[memo_key] = (len(events), events[-1].event_id, state)
+                _FOLDS[memo_key] = (events[-1].seq, events[-1].event_id, state)
         return state
 
     def load_sink(self, sink_id: str) -> SinkState:

@@ -220,20 +220,24 @@ def test_abandon_refuses_a_committed_snapshot(sink):
 
 
 def test_abandon_refuses_a_record_whose_batch_the_target_holds(sink):
-    # Phase 2 landed but the `committed` event was never written.
+    # Phase 2 landed but nothing in the record table says so yet (as for every last
+    # record of a running query: the next record confirms it).
     with pytest.raises(InjectedFault):
         sink.batch(2, list(range(20, 30)), faults="after_phase2:raise@batch=2")
     handle = sink.handle()
-    (stuck,) = admin.stuck_snapshots(handle)
-    assert stuck.record.batch_id == 2 and stuck.target_batch == 2
-    assert stuck.target_holds_batch and "already holds batch 2" in stuck.refusal
-    with pytest.raises(TxnError, match="already holds batch 2"):
-        admin.abandon_snapshot(handle, stuck.snapshot_id, "oops")
-    assert stuck.snapshot_id not in handle.load().abandoned
-
-    # What the hint says: a restart (Spark replays batch 2) writes the committed event.
-    sink.batch(2, list(range(20, 30)), run_id="run-2")
+    last = handle.load().last_record
+    assert last.batch_id == 2 and last.snapshot_id not in handle.load().committed
     assert admin.stuck_snapshots(handle) == []
+    status = admin.snapshot_status(handle, last.snapshot_id)
+    assert status.state == "committed" and status.target_holds_batch
+    assert "target holds batch 2" in status.refusal
+    with pytest.raises(TxnError, match="holds batch 2"):
+        admin.abandon_snapshot(handle, last.snapshot_id, "oops")
+    assert last.snapshot_id not in handle.load().abandoned
+
+    # A restart (Spark replays batch 2) writes the committed event.
+    sink.batch(2, list(range(20, 30)), run_id="run-2")
+    assert last.snapshot_id in handle.load().committed
     assert sink.ids() == list(range(30))
 
 
@@ -243,12 +247,15 @@ def test_abandon_refuses_an_older_committed_record_and_an_unknown_id(sink):
     assert status.state == "committed" and status.refusal is not None
     with pytest.raises(TxnError, match="target already holds batch 1 >= 0"):
         admin.abandon_snapshot(handle, 0, "oops")
-    # Even with the target dropped (it holds nothing now), a committed record stays committed.
+    # Even with the target dropped (it holds nothing now), a confirmed record stays committed.
     shutil.rmtree(sink.target)
     assert admin.snapshot_status(handle, 1).target_batch is None
     with pytest.raises(TxnError, match="committed snapshot can never be abandoned"):
-        admin.abandon_snapshot(handle, 1, "oops")
+        admin.abandon_snapshot(handle, 0, "oops")
     assert handle.load().abandoned == frozenset()
+    # The last record's phase 2 is confirmed by the next record; with the target gone
+    # nothing proves it landed, so it shows as pending (an operator may abandon it).
+    assert admin.snapshot_status(handle, 1).state == "pending"
     assert admin.snapshot_status(handle, 99).state == "unknown"
     with pytest.raises(TxnError, match="never allocated"):
         admin.abandon_snapshot(handle, 99, "typo")

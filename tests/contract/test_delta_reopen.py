@@ -63,7 +63,7 @@ def test_cached_table_catches_up_and_threads_do_not_share(tmp_path):
 def test_record_table_keeps_few_files(tmp_path):
     """Compaction + vacuum: one commit per event must not mean one file per event forever."""
     uri = tmp_path / "records"
-    log = DeltaEventLog(str(uri), compact_every=4, vacuum_retention_hours=0)
+    log = DeltaEventLog(str(uri), compact_every=4)
     _events(log, 40, "q")
     assert [e.seq for e in log.read("s")] == list(range(40))
     files = list(uri.glob("*.parquet"))

@@ -66,7 +66,9 @@ def test_dictionary_encoding_only_for_strings(tmp_path):
 )
 def test_compression_codec(tmp_path, codec, stored):
     schema = expected_rows(0, 1).schema
-    (h,) = stage_partition(generate(0, 1000), _config(tmp_path, compression=codec), 1, "tok", 0, schema)
+    (h,) = stage_partition(
+        generate(0, 1000), _config(tmp_path, compression=codec), 1, "tok", 0, schema
+    )
     meta = pq.ParquetFile(tmp_path / "table" / h.handle).metadata
     assert {meta.row_group(0).column(i).compression for i in range(2)} == {stored}
     assert pq.read_table(tmp_path / "table" / h.handle).equals(expected_rows(0, 1000))

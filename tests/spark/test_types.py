@@ -173,4 +173,3 @@ def test_every_type_round_trips_through_the_sink(spark, tmp_path):
     pl = pytest.importorskip("polars")
     frame = pl.read_delta(target)
     assert frame.height == len(ROWS) and sorted(frame["id"].to_list()) == list(range(len(ROWS)))
-

@@ -108,6 +108,13 @@ class InterleavedRuns(RuleBasedStateMachine):
         run.attempt = None
 
     @rule(i=st.integers(0, 1))
+    def whole_batch(self, i):
+        """A batch that runs through without interruption: history piles up faster."""
+        self.allocate(i)
+        self.stage(i, 1)
+        self.commit(i)
+
+    @rule(i=st.integers(0, 1))
     def abort(self, i):
         run = self.runs[i]
         if run.attempt is not None:
@@ -120,6 +127,14 @@ class InterleavedRuns(RuleBasedStateMachine):
         run = self.runs[i]
         if run.view is not None:
             self.committer._sweep(run.view)
+
+    @rule(retain=st.integers(1, 3), window=st.integers(0, 4))
+    def summarize_history(self, retain, window):
+        """Retention: the history is summarized and the older events deleted, at any
+        moment (stale views of the runs may predate it)."""
+        self.committer.retain_snapshots = retain
+        self.committer.summary_window_ids = window
+        self.committer._summarize(self.store.load_sink(SINK))
 
     @rule(i=st.integers(0, 1))
     def late_task_file(self, i):
@@ -172,3 +187,24 @@ def test_a_stalled_zombie_sweep_keeps_a_newer_runs_batches():
     # and the zombie's own attempt is dead for everyone with a fresh view
     committer._sweep(store.load_sink(SINK))
     assert "zombie-file" in target.rolled_back
+
+
+def test_a_sweep_after_retention_keeps_the_files_of_summarized_records():
+    """Retention drops old records from the state; a sweep must not then take their
+    committed attempts (still allocated, still staged in place) for dead ones."""
+    store = RecordStore(MemoryEventLog(), backoff_s=0)
+    target = MemoryTarget()
+    committer = TwoPhaseCommitter(
+        store, target, SINK, backoff_s=0, retain_snapshots=1, summary_window_ids=4
+    )
+    for batch in range(4):
+        attempt = committer.allocate()
+        target.stage(*attempt, f"file-{batch}", [batch])
+        committer.commit(
+            batch, *attempt, [TxnHandle(0, f"file-{batch}", 1, 1, "c")], run_id="r", query_id="q"
+        )
+    committer._summarize(store.load_sink(SINK))
+    state = store.load_sink(SINK)
+    assert len(store.events(SINK)) == 1 and state.summary_seq > 0
+    committer._sweep(state)
+    assert target.rows == [0, 1, 2, 3] and not target.rolled_back

@@ -1,0 +1,132 @@
+"""Bounded history: summaries restate the fold, older events go, invariants hold."""
+
+from dataclasses import replace
+
+import pytest
+from support import MemoryTarget
+
+from pyspark_txn.errors import FencedError, ProtocolViolation
+from pyspark_txn.sinks.twophase import TwoPhaseCommitter
+from pyspark_txn.state import (
+    EventKind,
+    MemoryEventLog,
+    RecordStore,
+    TxnHandle,
+    fold_sink,
+    summarize,
+)
+
+SINK = "sink"
+
+
+def run_batches(committer, target, batches, start=0, run_id="run-1"):
+    for batch in range(start, start + batches):
+        attempt = committer.allocate()
+        if batch % 5 == 2:  # an aborted attempt now and then
+            committer.abort(*attempt)
+            attempt = committer.allocate()
+        target.stage(*attempt, f"f-{batch}", [batch])
+        committer.commit(
+            batch,
+            *attempt,
+            [TxnHandle(0, f"f-{batch}", 1, 1, "c")],
+            run_id=run_id,
+            query_id="q",
+            source_offsets=[batch],
+        )
+
+
+@pytest.fixture
+def sink():
+    store = RecordStore(MemoryEventLog(), backoff_s=0)
+    target = MemoryTarget()
+    committer = TwoPhaseCommitter(
+        store, target, SINK, backoff_s=0, retain_snapshots=3, summary_window_ids=4
+    )
+    return store, target, committer
+
+
+def test_history_stays_bounded_and_the_table_complete(sink):
+    store, target, committer = sink
+    sizes = []
+    for block in range(6):
+        run_batches(committer, target, 50, start=block * 50)
+        state = store.load_sink(SINK)
+        sizes.append((len(store.events(SINK)), len(state.records), len(state.allocations)))
+    assert target.rows == list(range(300))
+    # events since the last summary, and what a summary keeps: never more than a bound
+    assert max(n for n, _, _ in sizes) <= 2 * 3 + 4 + 4
+    assert max(r for _, r, _ in sizes) <= 3 + 4 + 1
+    assert max(a for _, _, a in sizes) <= 3 + 4 + 4
+    assert store.events(SINK)[0].seq > 0  # older events were deleted
+
+
+def test_a_fold_from_the_summary_equals_the_fold_through_it(sink):
+    store, target, committer = sink
+    run_batches(committer, target, 12)
+    state = store.load_sink(SINK)
+    summary = summarize(state, 3, 4)
+    through = state.apply(summary)
+    fresh = fold_sink(SINK, [summary])
+    for name in (
+        "next_seq",
+        "epoch",
+        "epoch_owner",
+        "epoch_floor",
+        "owners",
+        "query_id",
+        "ongoing_snapshot_id",
+        "allocations",
+        "records",
+        "last_record",
+        "high_water",
+        "abandoned",
+        "committed",
+        "summary_seq",
+    ):
+        assert getattr(through, name) == getattr(fresh, name), name
+    assert summary.format_version == 2  # readers that predate summaries refuse them
+
+
+def test_ids_are_never_reused_and_old_runs_stay_fenced_after_retention(sink):
+    store, target, committer = sink
+    run_batches(committer, target, 20, run_id="old-run")
+    run_batches(committer, target, 20, start=20, run_id="new-run")
+    state = store.load_sink(SINK)
+    assert store.events(SINK)[0].kind is EventKind.SUMMARY
+    highest = state.ongoing_snapshot_id
+    sid, token = committer.allocate()
+    assert sid == highest + 1
+    target.stage(sid, token, "zombie", [999])
+    with pytest.raises(FencedError):
+        committer.commit(
+            40, sid, token, [TxnHandle(0, "zombie", 1, 1, "c")], run_id="old-run", query_id="q"
+        )
+
+
+def test_a_summary_that_misstates_the_fold_is_refused(sink):
+    store, target, committer = sink
+    run_batches(committer, target, 6)
+    state = store.load_sink(SINK)
+    summary = summarize(state, 3, 4)
+    wrong = replace(summary, payload={**summary.payload, "high_water": state.high_water - 1})
+    with pytest.raises(ProtocolViolation, match="summary"):
+        state.apply(wrong)
+
+
+def test_a_replay_of_the_last_batch_after_retention_is_still_a_replay(sink):
+    store, target, committer = sink
+    run_batches(committer, target, 30)
+    before = len(target.rows)
+    attempt = committer.allocate()
+    target.stage(*attempt, "again", [29])
+    rec = committer.commit(
+        29,
+        *attempt,
+        [TxnHandle(0, "again", 1, 1, "c")],
+        run_id="run-1",
+        query_id="q",
+        source_offsets=[29],
+    )
+    assert rec.batch_id == 29 and rec.snapshot_id != attempt[0]
+    assert len(target.rows) == before and "again" in target.rolled_back
