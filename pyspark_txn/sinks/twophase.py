@@ -255,8 +255,7 @@ class TwoPhaseCommitter:
             # it is time for the periodic sweep that catches files written late
             # into dead attempts). Only provably dead attempts go.
             self._sweep(state)
-        if previous is not None and previous.snapshot_id not in confirms:
-            # (a confirmed previous record was just cleaned up by its phase 2.)
+        if previous is not None:
             # Tasks of the previous batch have all ended by now: files a
             # speculative or late attempt wrote into its folder since its own
             # phase 2 are named by no record and go.
