@@ -99,4 +99,5 @@ class PipelineRunner:
         batches = [r.batch_id for r in records]
         assert batches == sorted(set(batches))
         assert DeltaTable(self.target).transaction_version(state.sink_id) == batches[-1]
-        assert sum(r.rows for r in records) == self.table().num_rows
+        if state.summary_seq == 0:  # (retention summarized older records away)
+            assert sum(r.rows for r in records) == self.table().num_rows

@@ -29,8 +29,9 @@ from ..checkpoint import (
 )
 from ..errors import ConfigError, ProtocolViolation
 from ..faults import FaultPlan
-from ..state import DeltaEventLog, RecordStore, TxnHandle
+from ..state import DEFAULT_RETAIN_SNAPSHOTS, DeltaEventLog, RecordStore, TxnHandle, new_token
 from .delta_target import DeltaTarget, check_writable_schema, schema_to_b64
+from .light import LIGHT_SNAPSHOT_ID, LightCommitter
 from .staging import PARQUET_CODECS, StagingConfig, stage_partition
 from .twophase import TwoPhaseCommitter
 
@@ -61,8 +62,13 @@ SINK_OPTIONS = {
     "usermetadata": "text kept in every commit's commitInfo.userMetadata (as delta-spark)",
     "tablename": "name of the table when the sink creates it",
     "tabledescription": "description of the table when the sink creates it",
+    "mode": "snapshots (default: snapshot records, fencing) or light (see docs/modes.md)",
+    "retainsnapshots": "snapshot records the record table keeps (default 100; older are summarized)",
     "faultinjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
 }
+MODES = ("snapshots", "light")
+#: Options that only mean something when snapshot records are kept.
+_SNAPSHOT_ONLY_OPTIONS = {"recordtable": "recordTable", "retainsnapshots": "retainSnapshots"}
 # Delta table properties the sink may set when it creates the table, as
 # `.option("delta.appendOnly", "true")`. Spark lowercases option keys; the log
 # needs the exact spelling, so the keys are known here. Value check per kind.
@@ -173,6 +179,12 @@ class DeltaSinkOptions:
     table_name: str | None = None
     table_description: str | None = None
     user_metadata: str | None = None
+    mode: str = "snapshots"
+    retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS
+
+    @property
+    def light(self) -> bool:
+        return self.mode == "light"
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> DeltaSinkOptions:
@@ -199,6 +211,16 @@ class DeltaSinkOptions:
                 "'checkpointLocation', '/chk/my_query'); Python sinks do not see a location "
                 "that Spark derives from spark.sql.streaming.checkpointLocation"
             )
+        mode = opts.get("mode", "snapshots").strip().lower()
+        if mode not in MODES:
+            raise ConfigError(f"option mode={opts['mode']!r}: expected one of {', '.join(MODES)}")
+        if mode == "light":
+            given = [name for key, name in _SNAPSHOT_ONLY_OPTIONS.items() if key in opts]
+            if given:
+                raise ConfigError(
+                    f"option {', '.join(given)} applies to mode=snapshots only: a light sink "
+                    "keeps no snapshot records (docs/modes.md)"
+                )
         path = _fs.normalize_uri(opts["path"])
         checkpoint = _fs.normalize_uri(opts["checkpointlocation"])
         prefix = _check_sink_id(opts.get("sinkidprefix", "txn"), "sinkIdPrefix")
@@ -251,6 +273,10 @@ class DeltaSinkOptions:
             table_name=opts.get("tablename"),
             table_description=opts.get("tabledescription"),
             user_metadata=opts.get("usermetadata"),
+            mode=mode,
+            retain_snapshots=_parse_positive_int(
+                "retainSnapshots", opts.get("retainsnapshots", str(DEFAULT_RETAIN_SNAPSHOTS))
+            ),
         )
 
     def with_checkpoint_sink_id(self) -> DeltaSinkOptions:
@@ -314,8 +340,28 @@ class DeltaSinkOptions:
 
     def committer(self) -> TwoPhaseCommitter:
         return TwoPhaseCommitter(
-            self.record_store(), self.target(), self.sink_id, faults=self.faults
+            self.record_store(),
+            self.target(),
+            self.sink_id,
+            faults=self.faults,
+            retain_snapshots=self.retain_snapshots,
         )
+
+    def light_committer(self) -> LightCommitter:
+        return LightCommitter(self.target(), self.sink_id)
+
+    def check_mode(self) -> None:
+        """A checkpoint keeps the mode it started with: a light sink has no records to
+        continue from, and a snapshot sink's history would be skipped by a light one."""
+        if not self.light:
+            return
+        fs, path = _fs.filesystem(self.record_table, dict(self.fs_options))
+        if fs.exists(path):
+            raise ConfigError(
+                f"option mode=light, but this checkpoint's sink ran with snapshot records "
+                f"({self.record_table}): a checkpoint keeps its mode. Drop mode=light, or "
+                "start the light query with a new checkpoint"
+            )
 
     def staging(self) -> StagingConfig:
         return StagingConfig(
@@ -384,13 +430,16 @@ class TxnDeltaStreamWriter(_WriterBase):
         opts.check_schema(self.arrow_schema)
         check_writable_schema(self.arrow_schema)
         opts.target().check_stream_schema(self.arrow_schema, opts.merge_schema)
+        opts.check_mode()
         self._attempt: tuple[int, str] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickling happens in the driver, once per batch, before any task runs:
         # the one place a snapshot id can be made safe before phase 1.
         if self._attempt is None:
-            self._attempt = prepare_attempt(self.opts)
+            self._attempt = (
+                (LIGHT_SNAPSHOT_ID, new_token()) if self.opts.light else prepare_attempt(self.opts)
+            )
         return self.__dict__
 
     def write(self, iterator) -> TxnCommitMessage:
@@ -417,8 +466,27 @@ class TxnDeltaStreamWriter(_WriterBase):
             txns=[h.to_json() for h in handles],
         )
 
+    def _target_meta(self, base_version: int | None) -> dict[str, Any]:
+        return {
+            "uri": self.opts.path,
+            "arrow_schema": schema_to_b64(self.arrow_schema),
+            "partition_by": list(self.opts.partition_by),
+            "merge_schema": self.opts.merge_schema,
+            "base_version": base_version,
+        }
+
     def commit(self, messages, batchId: int) -> None:
         msgs = [m for m in messages if m is not None]
+        if self.opts.light:
+            fs_options = dict(self.opts.fs_options)
+            self.opts.light_committer().commit(
+                batchId,
+                msgs[0].token if msgs else "",
+                [TxnHandle.from_json(t) for m in msgs for t in m.txns],
+                query_id=read_query_id(self.opts.checkpoint_location, fs_options),
+                target_meta=self._target_meta(None),
+            )
+            return
         committer = self.opts.committer()
         if not msgs:  # no task ran: nothing was staged, so allocating here is safe
             snapshot_id, token = committer.allocate()
@@ -442,16 +510,14 @@ class TxnDeltaStreamWriter(_WriterBase):
             source_offsets=offsets,
             query_id=read_query_id(self.opts.checkpoint_location, fs_options),
             query_name=self.opts.query_name,
-            target_meta={
-                "uri": self.opts.path,
-                "arrow_schema": schema_to_b64(self.arrow_schema),
-                "partition_by": list(self.opts.partition_by),
-                "merge_schema": self.opts.merge_schema,
-                "base_version": committer.target.base_version(),
-            },
+            target_meta=self._target_meta(committer.target.base_version()),
         )
 
     def abort(self, messages, batchId: int) -> None:
+        if self.opts.light:
+            for token in sorted({m.token for m in messages if m}):
+                self.opts.light_committer().abort(token)
+            return
         committer = self.opts.committer()
         for snapshot_id, token in sorted({(m.snapshot_id, m.token) for m in messages if m}):
             committer.abort(snapshot_id, token)

@@ -352,6 +352,64 @@ class DeltaTarget(Target):
     # --- phase 2 ------------------------------------------------------------------
 
     def commit(self, record: SnapshotRecord) -> int | None:
+        dt = self.open()
+        if dt is not None:
+            done = dt.transaction_version(self.sink_id)
+            if done is not None and done >= record.batch_id:
+                return self._own_commit(dt, record, done)
+            if not record.txns:  # an empty batch: no empty Delta commit
+                return None
+        self.verify_staged(record.snapshot_id, record.token, record.txns)
+        self._write_commit(
+            dt,
+            record.batch_id,
+            record.txns,
+            record.target,
+            {
+                "snapshot_id": record.snapshot_id,
+                "query_id": record.query_id or "",
+                "record_id": record.record_id,
+            },
+        )
+        if dt is None:
+            return 0
+        dt.update_incremental()
+        return self._own_commit(dt, record, record.batch_id)
+
+    def commit_batch(
+        self,
+        batch_id: int,
+        txns: Sequence[TxnHandle],
+        query_id: str | None,
+        target_meta: Mapping[str, Any],
+    ) -> tuple[int | None, bool]:
+        """Light mode's phase 2, with no record: commit unless the table already holds
+        ``batch_id`` of this sink. Returns (new version, whether it held it already)."""
+        dt = self.open()
+        if dt is not None:
+            done = dt.transaction_version(self.sink_id)
+            if done is not None and done >= batch_id:
+                return None, True
+            if not txns:
+                return None, False
+        self._write_commit(
+            dt, batch_id, txns, target_meta, {"query_id": query_id or "", "mode": "light"}
+        )
+        if dt is None:
+            return 0, False
+        dt.update_incremental()
+        return dt.version(), False
+
+    def _write_commit(
+        self,
+        dt,
+        batch_id: int,
+        txns: Sequence[TxnHandle],
+        target_meta: Mapping[str, Any],
+        stamps: Mapping[str, Any],
+    ) -> None:
+        """One Delta commit adding ``txns`` with the sink's app transaction, creating
+        the table (or adding merged columns) as the stream's schema says."""
         from deltalake import Schema
         from deltalake.transaction import (
             CommitProperties,
@@ -359,25 +417,17 @@ class DeltaTarget(Target):
             create_table_with_add_actions,
         )
 
-        dt = self.open()
-        if dt is not None:
-            done = dt.transaction_version(self.sink_id)
-            if done is not None and done >= record.batch_id:
-                return self._own_commit(dt, record, done)
-        self.verify_staged(record.snapshot_id, record.token, record.txns)
-        adds = add_actions(record.txns)
+        adds = add_actions(txns)
         props = CommitProperties(
-            app_transactions=[Transaction(app_id=self.sink_id, version=record.batch_id)],
+            app_transactions=[Transaction(app_id=self.sink_id, version=batch_id)],
             custom_metadata={
                 META_PREFIX + "sink_id": self.sink_id,
-                META_PREFIX + "snapshot_id": record.snapshot_id,
-                META_PREFIX + "batch_id": record.batch_id,
-                META_PREFIX + "query_id": record.query_id or "",
-                META_PREFIX + "record_id": record.record_id,
+                META_PREFIX + "batch_id": batch_id,
+                **{META_PREFIX + k: v for k, v in stamps.items()},
                 **({"userMetadata": self.user_metadata} if self.user_metadata else {}),
             },
         )
-        stream_schema = schema_from_b64(record.target["arrow_schema"])
+        stream_schema = schema_from_b64(target_meta["arrow_schema"])
         if dt is None:
             create_table_with_add_actions(
                 self.uri,
@@ -391,9 +441,9 @@ class DeltaTarget(Target):
                 storage_options=self.storage_options,
                 commit_properties=props,
             )
-            return 0
+            return
         added, _ = schema_drift(table_arrow_schema(dt), stream_schema)
-        if added and record.target.get("merge_schema"):
+        if added and target_meta.get("merge_schema"):
             from deltalake.schema import Field
 
             # as Spark's Delta sink does: rows already in the table have no value there
@@ -407,8 +457,6 @@ class DeltaTarget(Target):
             partition_by=self.partition_by or None,
             commit_properties=props,
         )
-        dt.update_incremental()
-        return self._own_commit(dt, record, record.batch_id)
 
     def committed_version(self, record: SnapshotRecord) -> int | None:
         """The table version that holds ``record``'s commit (by its stamp); None if the

@@ -189,6 +189,7 @@ class TwoPhaseCommitter:
         ``run_id`` identifies the Spark query run whose tasks staged ``txns``
         (None when no task ran: then the current epoch holder's run is assumed).
         """
+        started = time.perf_counter()
         state = self.load()
         recovered = False
         if run_id is not None:
@@ -247,9 +248,25 @@ class TwoPhaseCommitter:
         self.target.preflight(record)
         previous = state.last_record
         self.faults.hit("before_record", batch_id)
+        decided = time.perf_counter()
         _, state = self._update(lambda s: record_snapshot(s, record), state)
         self.faults.hit("after_record", batch_id)
-        state, _ = self._phase2(state, record, confirm=False)
+        recorded = time.perf_counter()
+        state, version = self._phase2(state, record, confirm=False)
+        log.info(
+            "sink %s: batch %d committed as snapshot %d: %d rows, %d files, %d bytes, "
+            "table version %s; decide %.0f ms, record %.0f ms, phase 2 %.0f ms",
+            self.sink_id,
+            batch_id,
+            snapshot_id,
+            record.rows,
+            len(record.txns),
+            sum(t.bytes for t in record.txns),
+            version,
+            (decided - started) * 1000,
+            (recorded - decided) * 1000,
+            (time.perf_counter() - recorded) * 1000,
+        )
         if _skipped_ids(previous, snapshot_id) or snapshot_id % self.sweep_every == 0:
             # Attempts allocated since the last record died with this one (or
             # it is time for the periodic sweep that catches files written late
@@ -295,7 +312,9 @@ class TwoPhaseCommitter:
         forget settled attempts, so the staging area lists only recent ones."""
         attempts = self.target.staged_attempts()
         for sid, token in sorted(dead_snapshots(state, attempts)):
-            log.info("sink %s: rolling back dead staged snapshot %d (%s)", self.sink_id, sid, token)
+            log.warning(
+                "sink %s: rolling back dead staged snapshot %d (%s)", self.sink_id, sid, token
+            )
             self.target.discard(sid, token)
             if settled(state, sid):
                 self.target.forget(sid, token)
@@ -316,7 +335,7 @@ class TwoPhaseCommitter:
                 f"sink's record table {recorded}: another query writes to the same table with "
                 "the same sinkId, or the record table was deleted or replaced. Continuing could "
                 "skip or duplicate data. Give every query its own sinkId, or restore the record "
-                "table."
+                "table (or, if this checkpoint ran with mode=light, keep that mode)."
             )
 
     def _phase2(

@@ -1,6 +1,6 @@
 """A whole pipeline driver in its own process, for kill -9 and fencing tests.
 
-usage: driver.py BASE TOTAL PER_BATCH [--continuous RATE]
+usage: driver.py BASE TOTAL PER_BATCH [--continuous RATE] [--option KEY=VALUE ...]
 """
 
 import sys
@@ -22,6 +22,10 @@ def main() -> int:
         .option("path", f"{base}/target")
         .option("checkpointLocation", f"{base}/chk")
     )
+    for i, arg in enumerate(sys.argv):
+        if arg == "--option":
+            key, _, value = sys.argv[i + 1].partition("=")
+            w = w.option(key, value)
     w = w.trigger(processingTime="500 milliseconds") if continuous else w.trigger(availableNow=True)
     q = w.start()
     q.awaitTermination()

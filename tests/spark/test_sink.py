@@ -172,6 +172,10 @@ def test_record_table_history_is_queryable_with_any_delta_reader(pipeline):
     )
     kinds = {r["kind"] for r in rows}
     # (phase 2 is confirmed by the next record, or by `committed` after a recovery)
-    assert {"allocated", "epoch", "snapshot"} <= kinds <= {"allocated", "committed", "epoch", "snapshot"}
+    assert (
+        {"allocated", "epoch", "snapshot"}
+        <= kinds
+        <= {"allocated", "committed", "epoch", "snapshot"}
+    )
     snap = next(r for r in rows if r["kind"] == "snapshot")
     assert json.loads(snap["payload"])["rows"] == 1000

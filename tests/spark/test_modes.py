@@ -1,0 +1,80 @@
+"""Light mode and long-run behaviour of the txn-delta sink, end to end with Spark."""
+
+import os
+
+import pytest
+from deltalake import DeltaTable
+from test_sink import drop_commit_log
+
+from pyspark_txn.errors import ConfigError
+from pyspark_txn.sinks.delta import DeltaSinkOptions
+from pyspark_txn.sinks.staging import STAGING_ROOT
+
+pytestmark = pytest.mark.spark
+
+
+def test_light_mode_writes_every_row_once_and_keeps_no_records(pipeline):
+    assert pipeline.run(mode="light") is None
+    pipeline.assert_exactly_once()
+    pipeline.assert_no_orphans()
+    assert not os.path.exists(os.path.join(pipeline.checkpoint, "pyspark_txn", "records"))
+    dt = DeltaTable(pipeline.target)
+    assert dt.version() == 4  # one commit per batch, nothing else
+    history = dt.history()
+    assert {h.get("pyspark_txn.mode") for h in history} == {"light"}
+    # no staging markers are left behind by finished batches
+    staged = os.path.join(pipeline.target, STAGING_ROOT)
+    assert not os.path.exists(staged) or not any(
+        f for _, _, files in os.walk(staged) for f in files
+    )
+
+
+def test_light_mode_replay_is_a_no_op(pipeline):
+    assert pipeline.run(mode="light") is None
+    version = DeltaTable(pipeline.target).version()
+    drop_commit_log(pipeline.checkpoint, 4)  # Spark runs batch 4 again
+    assert pipeline.run(mode="light") is None
+    assert DeltaTable(pipeline.target).version() == version
+    pipeline.assert_exactly_once()
+    pipeline.assert_no_orphans()
+
+
+def test_a_checkpoint_keeps_its_mode(pipeline):
+    pipeline.total = 2000
+    assert pipeline.run() is None
+    pipeline.total = 3000
+    error = pipeline.run(mode="light")
+    assert error is not None and "a checkpoint keeps its mode" in str(error)
+
+    other = type(pipeline)(pipeline.spark, pipeline.base / "light", total=2000)
+    assert other.run(mode="light") is None
+    other.total = 3000
+    error = other.run()
+    assert error is not None and "mode=light" in str(error)
+    other.assert_exactly_once(2000)
+
+
+def test_mode_options_are_checked_before_anything_runs():
+    base = {"path": "/tmp/t", "checkpointLocation": "/tmp/c"}
+    with pytest.raises(ConfigError, match="option mode='fast': expected one of snapshots, light"):
+        DeltaSinkOptions.parse({**base, "mode": "fast"})
+    with pytest.raises(ConfigError, match="option recordTable applies to mode=snapshots only"):
+        DeltaSinkOptions.parse({**base, "mode": "light", "recordTable": "/tmp/r"})
+    with pytest.raises(ConfigError, match="retainSnapshots='0': expected a positive integer"):
+        DeltaSinkOptions.parse({**base, "retainSnapshots": "0"})
+    assert DeltaSinkOptions.parse({**base, "mode": "LIGHT"}).light
+
+
+def test_long_run_keeps_the_record_table_bounded(pipeline):
+    """Many small batches with a tiny retention: the history is summarized, older
+    events are deleted, and every row is still there once."""
+    pipeline.total, pipeline.per_batch = 600, 10
+    assert pipeline.run(retainSnapshots="2") is None
+    pipeline.assert_exactly_once()
+    pipeline.assert_no_orphans()
+    store = pipeline.record_store()
+    events = store.events(pipeline.sink_state().sink_id)
+    assert events[0].kind.value == "summary" and events[0].seq > 0
+    assert len(events) < 2 * 2 + 64 + 8
+    state = pipeline.sink_state()
+    assert state.last_record.batch_id == 59 and len(state.records) <= 2 + 64 + 2
