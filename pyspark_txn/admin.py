@@ -10,6 +10,7 @@ needs a SparkSession. Library code logs, it never prints.
   abandoning, **restart the query**: Spark replays the batch, which is then
   decided anew under a new snapshot id (the abandoned id is never reused).
 - :func:`verify` re-reads every file a live record names and checks it.
+- :func:`sink_status` summarises a sink: progress, lag, record-table size, trouble.
 """
 
 from __future__ import annotations
@@ -194,6 +195,9 @@ def open_sink(
         if event.kind is EventKind.SNAPSHOT:
             meta = event.payload.get("target") or {}
             break
+    else:  # the history starts at a summary: its records name the target
+        last = store.load_sink(chosen).last_record
+        meta = last.target if last is not None else {}
     uri = target_uri or meta.get("uri")
     return SinkHandle(
         record_table=record_table,
@@ -202,6 +206,140 @@ def open_sink(
         storage_options=storage,
         partition_by=tuple(meta.get("partition_by") or ()),
         checkpoint=checkpoint,
+    )
+
+
+# --- status -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SinkStatus:
+    """What a sink is doing, for ``pyspark-txn status``: progress, lag, size, trouble."""
+
+    sink_id: str
+    record_table: str
+    target_uri: str | None
+    checkpoint: str | None
+    epoch: int
+    run_id: str | None
+    query_id: str | None
+    last_record: SnapshotRecord | None
+    target_batch: int | None  # highest batch of this sink the target holds
+    target_version: int | None
+    target_error: str | None
+    spark_planned_batch: int | None  # Spark's offset log
+    spark_committed_batch: int | None  # Spark's commit log
+    record_events: int  # events in the record table's current history
+    summarized_at: int  # seq of the last summary (0: none yet)
+    record_files: int
+    record_bytes: int
+    staged_attempts: int
+    stuck: tuple[SnapshotStatus, ...] = ()
+
+    @property
+    def lag_seconds(self) -> float | None:
+        """Seconds since the last snapshot record was written."""
+        from datetime import datetime, timezone
+
+        rec = self.last_record
+        if rec is None or rec.created_at is None:
+            return None
+        return (datetime.now(timezone.utc) - rec.created_at).total_seconds()
+
+    @property
+    def healthy(self) -> bool:
+        return not self.stuck and self.target_error is None
+
+    def to_json(self) -> dict[str, Any]:
+        rec = self.last_record
+        return {
+            "sink_id": self.sink_id,
+            "healthy": self.healthy,
+            "record_table": self.record_table,
+            "target_uri": self.target_uri,
+            "checkpoint": self.checkpoint,
+            "epoch": self.epoch,
+            "run_id": self.run_id,
+            "query_id": self.query_id,
+            "last_batch": rec.batch_id if rec else None,
+            "last_snapshot_id": rec.snapshot_id if rec else None,
+            "last_rows": rec.rows if rec else None,
+            "last_recorded_at": rec.created_at.isoformat() if rec and rec.created_at else None,
+            "lag_seconds": self.lag_seconds,
+            "target_batch": self.target_batch,
+            "target_version": self.target_version,
+            "target_error": self.target_error,
+            "spark_planned_batch": self.spark_planned_batch,
+            "spark_committed_batch": self.spark_committed_batch,
+            "record_table_events": self.record_events,
+            "record_table_summarized_at": self.summarized_at,
+            "record_table_files": self.record_files,
+            "record_table_bytes": self.record_bytes,
+            "staged_attempts": self.staged_attempts,
+            "stuck": [s.to_json() for s in self.stuck],
+        }
+
+
+def _folder_size(uri: str) -> tuple[int, int]:
+    fs, root = _fs.filesystem(uri)
+    if not fs.exists(root):
+        return 0, 0
+    sizes = [info["size"] for info in fs.find(root, detail=True).values()]
+    return len(sizes), sum(sizes)
+
+
+def sink_status(handle: SinkHandle) -> SinkStatus:
+    """Read-only summary of one sink from its record table, target and checkpoint."""
+    from ._delta import open_table
+    from .checkpoint import latest_batch
+
+    store = handle.record_store()
+    events = store.events(handle.sink_id)
+    state = handle.load()
+    target_batch = target_version = staged = None
+    error = None
+    if handle.target_uri is not None:
+        target = handle.target()
+        try:
+            dt = open_table(handle.target_uri, dict(handle.storage_options))
+            if dt is not None:
+                target_batch = dt.transaction_version(handle.sink_id)
+                target_version = dt.version()
+            staged = len(target.staged_attempts())
+        except Exception as e:  # a status must still show what the record table knows
+            error = f"{type(e).__name__}: {e}"
+    files, size = _folder_size(handle.record_table)
+    stuck: tuple[SnapshotStatus, ...] = ()
+    if error is None:
+        stuck = tuple(
+            s
+            for s in (
+                _status(handle, state, r.snapshot_id, (target_batch, None))
+                for r in pending_phase2(state)
+            )
+            if s.state == "pending"
+        )
+    checkpoint = handle.checkpoint
+    return SinkStatus(
+        sink_id=handle.sink_id,
+        record_table=handle.record_table,
+        target_uri=handle.target_uri,
+        checkpoint=checkpoint,
+        epoch=state.epoch,
+        run_id=state.epoch_owner,
+        query_id=state.query_id,
+        last_record=state.last_record,
+        target_batch=target_batch,
+        target_version=target_version,
+        target_error=error,
+        spark_planned_batch=latest_batch(checkpoint) if checkpoint else None,
+        spark_committed_batch=latest_batch(checkpoint, "commits") if checkpoint else None,
+        record_events=len(events),
+        summarized_at=state.summary_seq,
+        record_files=files,
+        record_bytes=size,
+        staged_attempts=staged or 0,
+        stuck=stuck,
     )
 
 

@@ -45,6 +45,16 @@ def read_batch_offsets(checkpoint: str, batch_id: int, fs_options=None) -> list[
     return out
 
 
+def latest_batch(checkpoint: str, log: str = "offsets", fs_options=None) -> int | None:
+    """The highest batch id in Spark's ``offsets`` (planned) or ``commits`` (done) log."""
+    fs, root = _fs.filesystem(checkpoint, fs_options)
+    path = _fs.join(root, log)
+    if not fs.exists(path):
+        return None
+    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
+    return max((int(n) for n in names if n.isdigit()), default=None)
+
+
 SINK_FILE = ("pyspark_txn", "sink.json")
 RECORDS_DIR = ("pyspark_txn", "records")
 

@@ -74,6 +74,45 @@ def _describe(status: admin.SnapshotStatus) -> list[str]:
     return lines
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    status = admin.sink_status(admin.open_sink(args.location, args.sink))
+    d = status.to_json()
+    if args.json:
+        print(json.dumps(d, indent=2))
+        return 0 if status.healthy else 1
+    print(f"sink {d['sink_id']}: {'healthy' if status.healthy else 'NEEDS ATTENTION'}")
+    if d["last_batch"] is None:
+        print("  no batch recorded yet")
+    else:
+        lag = d["lag_seconds"]
+        print(
+            f"  last batch {d['last_batch']} (snapshot {d['last_snapshot_id']}, "
+            f"{d['last_rows']} rows), recorded {d['last_recorded_at']}"
+            + (f", {lag:.0f} s ago" if lag is not None else "")
+        )
+    if d["spark_planned_batch"] is not None:
+        print(
+            f"  Spark's checkpoint: batch {d['spark_planned_batch']} planned, "
+            f"{d['spark_committed_batch']} committed"
+        )
+    if d["target_error"]:
+        print(f"  target {d['target_uri']}: cannot be read: {d['target_error']}")
+    else:
+        print(
+            f"  target {d['target_uri']}: version {d['target_version']}, holds this sink's "
+            f"batches up to {d['target_batch']}; {d['staged_attempts']} staged attempt(s) listed"
+        )
+    print(f"  run {d['run_id']} holds epoch {d['epoch']} (query {d['query_id']})")
+    print(
+        f"  record table {d['record_table']}: {d['record_table_events']} events in its "
+        f"history, {d['record_table_files']} files, {d['record_table_bytes']} bytes"
+    )
+    for s in status.stuck:
+        print("  stuck: " + "\n    ".join(_describe(s)))
+        print(f"    see: pyspark-txn stuck {shlex.quote(args.location)}")
+    return 0 if status.healthy else 1
+
+
 def cmd_stuck(args: argparse.Namespace) -> int:
     handle = admin.open_sink(args.location, args.sink)
     stuck = admin.stuck_snapshots(handle)
@@ -298,6 +337,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("location", help=LOCATION_HELP)
     p.add_argument("--sink", help="only this sink id")
     p.set_defaults(func=cmd_records)
+    p = sub.add_parser(
+        "status",
+        help="summarise a sink: last batch, lag, target, record-table size, anything stuck",
+        description="Summarise one txn-delta sink from its record table, target and Spark "
+        "checkpoint, without Spark: the last recorded batch and how long ago, what the "
+        "target holds, the run holding the sink, the record table's size, and any snapshot "
+        "whose phase 2 never completed. Safe while the query runs.",
+        epilog="exit status: 0 healthy, 1 needs attention (stuck snapshot or unreadable "
+        "target), 2 error",
+    )
+    p.add_argument("location", help=LOCATION_HELP)
+    p.add_argument("--sink", help=SINK_HELP)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_status)
     p = sub.add_parser(
         "stuck",
         help="list snapshot records whose phase 2 never completed",

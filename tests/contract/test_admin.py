@@ -331,6 +331,39 @@ def test_verify_warns_about_files_a_later_delete_removed(sink):
 # --- the command line ------------------------------------------------------------------------
 
 
+def test_cli_status_of_a_healthy_then_a_stuck_sink(sink, capsys):
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert code == 0 and f"sink {sink.sink_id}: healthy" in out
+    assert "last batch 1 (snapshot 1, 10 rows)" in out
+    assert "holds this sink's batches up to 1" in out
+
+    code, out, _ = run_cli(capsys, "status", sink.chk, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["healthy"] is True and doc["stuck"] == []
+    assert doc["last_batch"] == 1 and doc["target_batch"] == 1 and doc["run_id"] == "run-1"
+    assert doc["record_table_events"] > 0 and doc["record_table_files"] > 0
+    assert doc["lag_seconds"] >= 0 and doc["target_uri"] == sink.target
+
+    rec = stuck_after_record(sink, 2, list(range(20, 30)))
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert code == 1 and "NEEDS ATTENTION" in out
+    assert f"snapshot {rec.snapshot_id} of sink {sink.sink_id}: pending" in out
+    code, out, _ = run_cli(capsys, "status", sink.chk, "--json")
+    assert code == 1 and [s["batch_id"] for s in json.loads(out)["stuck"]] == [2]
+
+
+def test_status_after_retention_still_names_the_target(tmp_path, capsys):
+    driver = SinkDriver(tmp_path, "r", retainSnapshots="1")
+    for b in range(80):
+        driver.batch(b, [b])
+    events = driver.opts.record_store().events(driver.sink_id)
+    assert events[0].kind.value == "summary"
+    status = admin.sink_status(admin.open_sink(driver.chk))
+    assert status.target_uri == driver.target and status.healthy
+    assert status.last_record.batch_id == 79 and status.target_batch == 79
+    assert status.record_events == len(events) < 80
+
+
 def test_cli_stuck_text_and_json(sink, capsys):
     code, out, _ = run_cli(capsys, "stuck", sink.chk)
     assert code == 0 and "no stuck snapshots" in out
