@@ -44,6 +44,7 @@ import platform
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -445,11 +446,12 @@ def _f(x, fmt: str = "{:.0f}") -> str:
     return fmt.format(x)
 
 
-def report(results: dict[str, dict], args) -> str:
+def report(results: dict[str, dict], args, results_versions: dict[str, str]) -> str:
     lines = [
         f"small batches: {args.batches} batches x {args.rows} rows, blocks of {args.block}, "
         f"rate-micro-batch numPartitions={args.partitions}; ms per batch (triggerExecution), "
         "batch 0 excluded",
+        "versions: " + ", ".join(f"{k} {v}" for k, v in results_versions.items()),
         "",
     ]
     head = (
@@ -510,7 +512,23 @@ def versions() -> dict[str, str]:
     import pyarrow
     import pyspark
 
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:  # the code measured: the sink is under active change
+        head = subprocess.run(
+            ["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", repo, "status", "--porcelain", "pyspark_txn"],
+            capture_output=True,
+            text=True,
+        ).stdout.split("\n")
+        git = head + (
+            " + uncommitted " + ", ".join(d[3:] for d in dirty if d) if any(dirty) else ""
+        )
+    except OSError:
+        git = "?"
     return {
+        "git": git,
         "python": platform.python_version(),
         "pyspark": pyspark.__version__,
         "deltalake": getattr(deltalake, "__version__", "?"),
@@ -571,6 +589,7 @@ def main(argv: list[str] | None = None) -> dict:
     except Exception:  # not a classic py4j session
         jvm_pid = None
     collector = make_listener(spark)
+    at_start = versions()  # the sink may change under a long run: note the code at both ends
     root = tempfile.mkdtemp(prefix="txn-small-batches-")
     log.info("work dir %s, driver JVM pid %s", root, jvm_pid)
     results: dict[str, dict] = {}
@@ -616,14 +635,17 @@ def main(argv: list[str] | None = None) -> dict:
     block_figures(results, args, n_batches)
     out = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "versions": versions(),
+        "versions": at_start,
+        "git_at_end": versions()["git"],
         "cpus": os.cpu_count(),
         "args": {k: v for k, v in vars(args).items() if k not in ("sink_list", "per_sink")},
         "sink_batches": n_batches,
         "work_dir": root if args.keep else None,
         "sinks": results,
     }
-    print(report(results, args), flush=True)
+    if out["git_at_end"] != at_start["git"]:
+        log.warning("the code changed during the run: now %s", out["git_at_end"])
+    print(report(results, args, at_start), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
