@@ -62,11 +62,14 @@ SINK_OPTIONS = {
     "usermetadata": "text kept in every commit's commitInfo.userMetadata (as delta-spark)",
     "tablename": "name of the table when the sink creates it",
     "tabledescription": "description of the table when the sink creates it",
+    "loglevel": "what Spark's Python workers log to stderr (the driver's log in local mode): "
+    "INFO (default: one line per batch), WARNING, ERROR, DEBUG or OFF",
     "mode": "snapshots (default: snapshot records, fencing) or light (see docs/modes.md)",
     "retainsnapshots": "snapshot records the record table keeps (default 100; older are summarized)",
     "faultinjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
 }
 MODES = ("snapshots", "light")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "OFF")
 #: Options that only mean something when snapshot records are kept.
 _SNAPSHOT_ONLY_OPTIONS = {"recordtable": "recordTable", "retainsnapshots": "retainSnapshots"}
 # Delta table properties the sink may set when it creates the table, as
@@ -181,6 +184,7 @@ class DeltaSinkOptions:
     user_metadata: str | None = None
     mode: str = "snapshots"
     retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS
+    log_level: str = "INFO"
 
     @property
     def light(self) -> bool:
@@ -221,6 +225,11 @@ class DeltaSinkOptions:
                     f"option {', '.join(given)} applies to mode=snapshots only: a light sink "
                     "keeps no snapshot records (docs/modes.md)"
                 )
+        log_level = opts.get("loglevel", "INFO").strip().upper()
+        if log_level not in LOG_LEVELS:
+            raise ConfigError(
+                f"option logLevel={opts['loglevel']!r}: expected one of {', '.join(LOG_LEVELS)}"
+            )
         path = _fs.normalize_uri(opts["path"])
         checkpoint = _fs.normalize_uri(opts["checkpointlocation"])
         prefix = _check_sink_id(opts.get("sinkidprefix", "txn"), "sinkIdPrefix")
@@ -274,6 +283,7 @@ class DeltaSinkOptions:
             table_description=opts.get("tabledescription"),
             user_metadata=opts.get("usermetadata"),
             mode=mode,
+            log_level=log_level,
             retain_snapshots=_parse_positive_int(
                 "retainSnapshots", opts.get("retainsnapshots", str(DEFAULT_RETAIN_SNAPSHOTS))
             ),
@@ -402,6 +412,22 @@ def spark_run_id() -> str | None:
     return ctx.getLocalProperty("spark.jobGroup.id") or None
 
 
+def worker_logging(level: str) -> None:
+    """Send this package's log lines to stderr in a Spark Python worker.
+
+    Workers are separate processes that never see the application's logging
+    setup, so without this the per-batch line and every recovery warning would
+    be dropped. Only when nobody configured the ``pyspark_txn`` logger or the
+    root logger in this process."""
+    package = logging.getLogger("pyspark_txn")
+    if package.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    package.addHandler(handler)
+    package.setLevel(logging.CRITICAL + 1 if level == "OFF" else getattr(logging, level))
+
+
 _CREATED: set[str] = set()
 _CREATED_LOCK = threading.Lock()
 
@@ -437,6 +463,7 @@ class TxnDeltaStreamWriter(_WriterBase):
         # Pickling happens in the driver, once per batch, before any task runs:
         # the one place a snapshot id can be made safe before phase 1.
         if self._attempt is None:
+            worker_logging(self.opts.log_level)
             self._attempt = (
                 (LIGHT_SNAPSHOT_ID, new_token()) if self.opts.light else prepare_attempt(self.opts)
             )
@@ -445,6 +472,7 @@ class TxnDeltaStreamWriter(_WriterBase):
     def write(self, iterator) -> TxnCommitMessage:
         from pyspark import TaskContext
 
+        worker_logging(self.opts.log_level)
         snapshot_id, token = self._attempt
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
@@ -476,6 +504,7 @@ class TxnDeltaStreamWriter(_WriterBase):
         }
 
     def commit(self, messages, batchId: int) -> None:
+        worker_logging(self.opts.log_level)
         msgs = [m for m in messages if m is not None]
         if self.opts.light:
             fs_options = dict(self.opts.fs_options)
@@ -514,6 +543,7 @@ class TxnDeltaStreamWriter(_WriterBase):
         )
 
     def abort(self, messages, batchId: int) -> None:
+        worker_logging(self.opts.log_level)
         if self.opts.light:
             for token in sorted({m.token for m in messages if m}):
                 self.opts.light_committer().abort(token)

@@ -86,6 +86,9 @@ def schema_drift(table_schema, stream_schema) -> tuple[list[str], list[str]]:
     return added, problems
 
 
+_SCHEMA_CHECKS: set[tuple] = set()  # (uri, version, schema, settings) that passed
+
+
 class DeltaTarget(Target):
     def __init__(
         self,
@@ -132,6 +135,25 @@ class DeltaTarget(Target):
         if dt is None:  # partition columns were checked against the stream by the options
             self._check_no_foreign_files()
             return
+        # The writer checks at every batch and the commit again: once per table
+        # version, schema and settings is enough in a process.
+        passed = (
+            self.uri,
+            dt.metadata().id,  # a re-created table has a new id
+            dt.version(),
+            stream_schema.serialize().to_pybytes(),
+            merge_schema,
+            tuple(self.partition_by),
+            tuple(sorted(self.table_properties.items())),
+        )
+        if passed in _SCHEMA_CHECKS:
+            return
+        self._check_table_against(dt, stream_schema, merge_schema)
+        if len(_SCHEMA_CHECKS) > 64:
+            _SCHEMA_CHECKS.clear()
+        _SCHEMA_CHECKS.add(passed)
+
+    def _check_table_against(self, dt, stream_schema, merge_schema: bool) -> None:
         check_table_features(dt, self.uri)
         config = dt.metadata().configuration or {}
         differ = {k: v for k, v in self.table_properties.items() if config.get(k) != v}

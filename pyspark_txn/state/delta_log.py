@@ -119,14 +119,20 @@ class DeltaEventLog(EventLog):
                 # The history lives in the rows; old log files only slow down listing.
                 # A writer stalled longer than this between its read and its commit
                 # could recreate a cleaned-up version: far beyond any protocol step.
-                configuration={
-                    "delta.logRetentionDuration": (
-                        LOG_RETENTION_LOCAL if _fs.is_local(self.uri) else LOG_RETENTION_REMOTE
-                    ),
-                    "delta.checkpointInterval": str(self.compact_every),
-                },
+                configuration=self._properties(),
                 storage_options=self.storage_options,
             )
+
+    def _properties(self) -> dict[str, str]:
+        return {
+            "delta.logRetentionDuration": (
+                LOG_RETENTION_LOCAL if _fs.is_local(self.uri) else LOG_RETENTION_REMOTE
+            ),
+            # Compacted-away files are vacuumed at once; their tombstones would only
+            # make every checkpoint grow with the number of events ever written.
+            "delta.deletedFileRetentionDuration": "interval 1 minutes",
+            "delta.checkpointInterval": str(self.compact_every),
+        }
 
     def append(self, event: Event) -> None:
         from deltalake import write_deltalake
@@ -173,6 +179,11 @@ class DeltaEventLog(EventLog):
         if self.compact_every <= 0 or version % self.compact_every:
             return
         try:
+            wanted = self._properties()
+            config = dt.metadata().configuration or {}
+            if any(config.get(k) != v for k, v in wanted.items()):
+                # a table created by an older version: bring its retention up to date
+                dt.alter.set_table_properties(wanted, raise_if_not_exists=False)
             dt.optimize.compact(post_commithook_properties=_NO_HOOKS())
             dt.create_checkpoint()
             dt.cleanup_metadata()
