@@ -309,16 +309,7 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
         except Exception as e:  # a status must still show what the record table knows
             error = f"{type(e).__name__}: {e}"
     files, size = _folder_size(handle.record_table)
-    stuck: tuple[SnapshotStatus, ...] = ()
-    if error is None:
-        stuck = tuple(
-            s
-            for s in (
-                _status(handle, state, r.snapshot_id, (target_batch, None))
-                for r in pending_phase2(state)
-            )
-            if s.state == "pending"
-        )
+    stuck = () if error else tuple(_stuck(handle, state, (target_batch, None)))
     checkpoint = handle.checkpoint
     return SinkStatus(
         sink_id=handle.sink_id,
@@ -457,11 +448,15 @@ def stuck_snapshots(handle: SinkHandle) -> list[SnapshotStatus]:
     dropped or altered): then :func:`abandon_snapshot` withdraws it.
     """
     state = handle.load()
-    pending = pending_phase2(state)
-    if not pending:
+    if not pending_phase2(state):
         return []
-    target = _target_batch(handle) if handle.target_uri is not None else None
-    statuses = [_status(handle, state, rec.snapshot_id, target) for rec in pending]
+    return _stuck(handle, state, _target_batch(handle) if handle.target_uri else None)
+
+
+def _stuck(
+    handle: SinkHandle, state: SinkState, target: tuple[int | None, str | None] | None
+) -> list[SnapshotStatus]:
+    statuses = [_status(handle, state, r.snapshot_id, target) for r in pending_phase2(state)]
     return [s for s in statuses if s.state == "pending"]
 
 

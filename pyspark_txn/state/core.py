@@ -734,7 +734,6 @@ def summarize(state: SinkState, retain_snapshots: int, window_ids: int = 2 * SET
     floor = min([*newest, *(r.snapshot_id for r in pending_phase2(state))], default=0)
     floor = min(floor, state.high_water - window_ids)
     kept = {r.snapshot_id: r for r in by_id if r.snapshot_id >= floor}
-    cut = floor
     return Event(
         stream=state.sink_id,
         seq=state.next_seq,
@@ -747,8 +746,8 @@ def summarize(state: SinkState, retain_snapshots: int, window_ids: int = 2 * SET
             "owners": list(state.owners[-SUMMARY_OWNERS:]),
             "ongoing_snapshot_id": state.ongoing_snapshot_id,
             "high_water": state.high_water,
-            "allocations": {str(k): v for k, v in state.allocations.items() if k >= cut},
-            "abandoned": sorted(k for k in state.abandoned if k >= cut),
+            "allocations": {str(k): v for k, v in state.allocations.items() if k >= floor},
+            "abandoned": sorted(k for k in state.abandoned if k >= floor),
             "committed": {str(k): v for k, v in state.committed.items() if k in kept},
             "records": [_record_to_json(kept[k]) for k in sorted(kept)],
             "summarized_events": state.next_seq - state.summary_seq,

@@ -8,8 +8,6 @@ group after a random delay, repeat, then run to the end and check every row.
 import itertools
 import os
 import random
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 from pipeline_checks import PipelineRunner
+from processes import kill_group, start_group
 
 pytestmark = [pytest.mark.spark, pytest.mark.chaos]
 
@@ -28,30 +27,14 @@ _LOGS = itertools.count()
 
 
 def start_driver(base, total, per_batch, *extra):
-    """Output goes to a file: an unread pipe fills up and blocks a long-running driver."""
     log_path = Path(base) / f"driver-{next(_LOGS)}.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, DRIVER, str(base), str(total), str(per_batch), *extra],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            text=True,
-        )
-    proc.log_path = log_path
-    return proc
+    return start_group(
+        [sys.executable, DRIVER, str(base), str(total), str(per_batch), *extra], log_path
+    )
 
 
 def output(proc) -> str:
     return proc.log_path.read_text(errors="replace")
-
-
-def kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(60)
 
 
 def committed_batches(target):

@@ -14,14 +14,13 @@ or more.
 import itertools
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
+from processes import run_group
 
 SECONDS = int(os.environ.get("PYSPARK_TXN_MANY_SECONDS", "25"))
 DRIVER = str(Path(__file__).with_name("many_driver.py"))
@@ -40,25 +39,11 @@ _LOGS = itertools.count()
 
 def run_driver(base: Path, queries: int, *extra: str) -> tuple[int, str]:
     """Run many_driver.py to its end; output goes to a file so no pipe fills up."""
-    log_path = base / f"many-driver-{next(_LOGS)}.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, DRIVER, str(base), str(queries), str(SECONDS), *extra],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        rc = proc.wait(timeout=SECONDS + SLACK_S)
-    except subprocess.TimeoutExpired:
-        rc = None
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the JVM and Python workers too
-        except ProcessLookupError:
-            pass
-        proc.wait(60)
-    out = log_path.read_text(errors="replace")
+    rc, out = run_group(
+        [sys.executable, DRIVER, str(base), str(queries), str(SECONDS), *extra],
+        base / f"many-driver-{next(_LOGS)}.log",
+        SECONDS + SLACK_S,
+    )
     assert rc is not None, f"driver still running after {SECONDS + SLACK_S} s\n{report(out)}"
     return rc, out
 

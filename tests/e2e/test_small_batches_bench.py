@@ -9,13 +9,11 @@ so it cannot stop a session other tests share.
 
 import json
 import math
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from processes import run_group
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "small_batches.py"
 BLOCK = 100
@@ -46,21 +44,8 @@ def test_small_batches_smoke(tmp_path):
         "--json",
         str(out),
     ]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path
-        )
-    try:
-        rc = proc.wait(timeout=LIMIT_S)
-    except subprocess.TimeoutExpired:
-        rc = None
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the JVM and Python workers too
-        except ProcessLookupError:
-            pass
-        proc.wait(60)
-    tail = log_path.read_text()[-6000:]
+    rc, log = run_group(cmd, log_path, LIMIT_S, cwd=tmp_path)
+    tail = log[-6000:]
     assert rc == 0, f"benchmark exited with {rc}:\n{tail}"
     res = json.loads(out.read_text())
 
