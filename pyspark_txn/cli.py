@@ -186,7 +186,7 @@ def cmd_abandon(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_bar():
+def _progress_bar(desc: str = "verify"):
     """A tqdm progress callback when tqdm is installed and stderr is a terminal."""
     if not sys.stderr.isatty():
         return None, lambda: None
@@ -198,9 +198,7 @@ def _progress_bar():
 
     def progress(done: int, total: int) -> None:
         if not bars:
-            bars.append(
-                tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr)
-            )
+            bars.append(tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr))
         bars[0].update(done - bars[0].n)
 
     def close() -> None:
@@ -234,6 +232,104 @@ def cmd_verify(args: argparse.Namespace) -> int:
         else f"{errors} problems found" + (f", {warnings} warnings" if warnings else "")
     )
     return 0 if report.ok else 1
+
+
+def _named_lines(n) -> list[str]:
+    d = n.details
+    return [
+        f"{n.name}: snapshot {n.snapshot_id}, batch {n.batch_id} (sink snapshot "
+        f"{n.of_snapshot_id}, table version {n.target_version}), created "
+        f"{n.created_at.isoformat() if n.created_at else '?'}",
+        f"  {d.get('rows')} rows in {len(d.get('files', []))} files ({d.get('bytes')} bytes) "
+        f"at {n.location}",
+    ]
+
+
+def cmd_snapshots_export(args: argparse.Namespace) -> int:
+    from . import snapshots
+
+    progress, close = _progress_bar("export")
+    try:
+        named = snapshots.export(
+            args.location, args.name, args.to, args.snapshot, sink=args.sink, progress=progress
+        )
+    finally:
+        close()
+    if args.json:
+        print(json.dumps(named.to_json(), indent=2))
+    else:
+        print("exported " + "\n".join(_named_lines(named)))
+        print(f"  data: {named.location}/data   manifest: {named.location}/manifest")
+    return 0
+
+
+def cmd_snapshots_list(args: argparse.Namespace) -> int:
+    from . import snapshots
+
+    named = snapshots.list_snapshots(args.location, args.sink)
+    if args.json:
+        print(json.dumps([n.to_json() for n in named], indent=2))
+        return 0
+    if not named:
+        print("no named snapshots")
+    for n in named:
+        print(
+            f"{n.name}\tsnapshot {n.snapshot_id}\tbatch {n.batch_id}\t"
+            f"{n.details.get('rows')} rows\t{n.location}"
+        )
+    return 0
+
+
+def cmd_snapshots_show(args: argparse.Namespace) -> int:
+    from . import snapshots
+
+    n = snapshots.show(args.location, args.name, args.sink)
+    if args.json:
+        print(json.dumps(n.to_json(), indent=2))
+        return 0
+    print("\n".join(_named_lines(n)))
+    print(f"  Spark's offsets of batch {n.batch_id}: {n.details.get('source_offsets')}")
+    print(f"  data checksum {n.details.get('data_checksum')}")
+    return 0
+
+
+def cmd_snapshots_verify(args: argparse.Namespace) -> int:
+    from . import snapshots
+
+    progress, close = _progress_bar("verify")
+    try:
+        check = snapshots.verify(args.location, args.name, args.sink, progress)
+    finally:
+        close()
+    if args.json:
+        print(json.dumps(check.to_json(), indent=2))
+        return 0 if check.ok else 1
+    print(f"{check.name}: {check.files} files, {check.rows} rows at {check.location}")
+    for p in check.problems:
+        print(f"  error: {p}")
+    print("OK" if check.ok else f"{len(check.problems)} problems found")
+    return 0 if check.ok else 1
+
+
+def cmd_snapshots_delete(args: argparse.Namespace) -> int:
+    from . import snapshots
+
+    n = snapshots.show(args.location, args.name, args.sink)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(
+                "pyspark-txn: error: delete asks for confirmation, but stdin is not a "
+                "terminal; pass --yes to delete without asking",
+                file=sys.stderr,
+            )
+            return 2
+        answer = input(f"Delete snapshot {n.name!r} and everything under {n.location}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("not deleted")
+            return 1
+    snapshots.delete(args.location, args.name, args.sink)
+    print(f"deleted {n.name} ({n.location})")
+    return 0
 
 
 DEMO_MARKER = ".pyspark-txn-demo"
@@ -351,6 +447,60 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sink", help=SINK_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_status)
+    snaps = sub.add_parser(
+        "snapshots",
+        help="named snapshots: export, list, show, verify, delete",
+        description="Named snapshots of a txn-delta sink: a committed snapshot exported as "
+        "standalone Delta tables (data/, manifest/) and registered under a name in the "
+        "sink's record table. See docs/snapshots.md.",
+    )
+    ssub = snaps.add_subparsers(dest="snapshots_command", required=True)
+    p = ssub.add_parser(
+        "export",
+        help="export a committed snapshot under a name",
+        description="Copy the sink's target as of a committed snapshot (default: the "
+        "latest) to TO/data, write TO/manifest, then register NAME. Export-only: the "
+        "running query is not touched.",
+        epilog="exit status: 0 exported, 2 error",
+    )
+    p.add_argument("location", help=LOCATION_HELP)
+    p.add_argument("name", help="letters, digits, '-', '_', '.'; unique per sink")
+    p.add_argument("--to", required=True, help="a new or empty directory (URI)")
+    p.add_argument("--snapshot", type=int, help="the sink's snapshot id (default: latest)")
+    p.add_argument("--sink", help=SINK_HELP)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_snapshots_export)
+    p = ssub.add_parser("list", help="list named snapshots", epilog="exit status: 0, 2 error")
+    p.add_argument("location", help=LOCATION_HELP)
+    p.add_argument("--sink", help=SINK_HELP)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_snapshots_list)
+    p = ssub.add_parser("show", help="show one named snapshot", epilog="exit status: 0, 2 error")
+    p.add_argument("location", help=LOCATION_HELP)
+    p.add_argument("name")
+    p.add_argument("--sink", help=SINK_HELP)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_snapshots_show)
+    p = ssub.add_parser(
+        "verify",
+        help="re-read an export; compare files, sizes, CRC32s and rows with the registry",
+        epilog="exit status: 0 OK, 1 mismatches found, 2 error",
+    )
+    p.add_argument("location", help=LOCATION_HELP)
+    p.add_argument("name")
+    p.add_argument("--sink", help=SINK_HELP)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_snapshots_verify)
+    p = ssub.add_parser(
+        "delete",
+        help="unregister a named snapshot and remove its export",
+        epilog="exit status: 0 deleted, 1 declined at the prompt, 2 error",
+    )
+    p.add_argument("location", help=LOCATION_HELP)
+    p.add_argument("name")
+    p.add_argument("--sink", help=SINK_HELP)
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(func=cmd_snapshots_delete)
     p = sub.add_parser(
         "stuck",
         help="list snapshot records whose phase 2 never completed",

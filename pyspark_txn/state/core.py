@@ -53,6 +53,8 @@ class Invariant(str, Enum):
     )
     ABANDON_ONLY_UNDECIDED = "only an allocation or an uncommitted last record can be abandoned"
     SUMMARY_RESTATES = "a summary restates the fold of the events before it"
+    NAME_UNIQUE = "a snapshot name is registered at most once while it exists"
+    NAMED_ID_OWN = "a named snapshot has its own allocated id, used by nothing else"
 
 
 def _violation(invariant: Invariant, detail: str) -> ProtocolViolation:
@@ -189,6 +191,76 @@ class ExecutionRecord:
     run_id: str | None = None  # the run holding the epoch
 
 
+@dataclass(frozen=True)
+class NamedSnapshot:
+    """A registry entry: an exported snapshot, kept under a name until deleted.
+
+    ``snapshot_id`` is its own id (allocated for the export, never reused);
+    ``of_snapshot_id`` / ``batch_id`` / ``target_version`` say which committed
+    state of the sink it holds; ``details`` is what verify compares against
+    (rows, files with sizes and CRC32s, Spark's offsets, where it lives).
+    """
+
+    name: str
+    snapshot_id: int
+    of_snapshot_id: int
+    batch_id: int
+    location: str
+    target_version: int | None
+    details: Mapping[str, Any] = field(default_factory=dict)
+    created_at: datetime | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "snapshot_id": self.snapshot_id,
+            "of_snapshot_id": self.of_snapshot_id,
+            "batch_id": self.batch_id,
+            "location": self.location,
+            "target_version": self.target_version,
+            "details": dict(self.details),
+            "created_at": self.created_at.isoformat() if self.created_at else None,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NamedSnapshot:
+        created = d.get("created_at")
+        return cls(
+            name=d["name"],
+            snapshot_id=d["snapshot_id"],
+            of_snapshot_id=d["of_snapshot_id"],
+            batch_id=d["batch_id"],
+            location=d["location"],
+            target_version=d.get("target_version"),
+            details=d.get("details") or {},
+            created_at=datetime.fromisoformat(created) if created else None,
+        )
+
+
+#: Names: what may name a folder and be typed in a shell.
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+MAX_NAME_LENGTH = 128
+
+
+def check_snapshot_name(name: str) -> str:
+    """Raise ``ConfigError`` unless ``name`` can name a snapshot."""
+    from ..errors import ConfigError
+
+    if not isinstance(name, str) or not name:
+        raise ConfigError("snapshot name: must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ConfigError(
+            f"snapshot name {name[:20]!r}...: {len(name)} characters, at most {MAX_NAME_LENGTH}"
+        )
+    bad = sorted(set(name) - _NAME_CHARS)
+    if bad or name.startswith(".") or ".." in name:
+        raise ConfigError(
+            f"snapshot name {name!r}: use letters, digits, '-', '_' and '.' only, not starting "
+            "with '.' and without '..'" + (f" (found {''.join(bad)!r})" if bad else "")
+        )
+    return name
+
+
 def _frozen(d: Mapping) -> Mapping:
     return MappingProxyType(dict(d))
 
@@ -217,6 +289,7 @@ class SinkState:
     abandoned: frozenset[int] = frozenset()
     committed: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     summary_seq: int = 0  # seq of the last summary: the history before it may be gone
+    named: Mapping[str, NamedSnapshot] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def snapshot_id(self) -> int:
@@ -355,6 +428,31 @@ class SinkState:
             )
         if e.kind is EventKind.SUMMARY:
             return _from_summary(s, e, continuing=self.next_seq == e.seq)
+        if e.kind is EventKind.NAMED:
+            entry = NamedSnapshot.from_json({**e.payload, "created_at": None})
+            entry = replace(entry, created_at=e.created_at)
+            if entry.name in self.named:
+                raise _violation(Invariant.NAME_UNIQUE, f"{entry.name!r} is already registered")
+            sid = entry.snapshot_id
+            used = {n.snapshot_id for n in self.named.values()}
+            # (its allocation may be summarized away while a long export runs: an id
+            # at or below the allocation high-water mark was allocated exactly once)
+            if (
+                sid > self.ongoing_snapshot_id
+                or sid in self.abandoned
+                or self.record_for_snapshot(sid) is not None
+                or sid in used
+            ):
+                raise _violation(
+                    Invariant.NAMED_ID_OWN,
+                    f"{entry.name!r} names snapshot id {sid}, which was not allocated for it",
+                )
+            return replace(s, named=_frozen({**self.named, entry.name: entry}))
+        if e.kind is EventKind.NAME_DELETED:
+            name = e.payload.get("name")
+            if name not in self.named:
+                raise _violation(Invariant.NAME_UNIQUE, f"{name!r} deleted but not registered")
+            return replace(s, named=_frozen({k: v for k, v in self.named.items() if k != name}))
         raise ProtocolViolation(f"{self.sink_id}: event kind {e.kind.value} is not a sink event")
 
 
@@ -427,6 +525,7 @@ def _from_summary(s: SinkState, e: Event, continuing: bool) -> SinkState:
         abandoned=frozenset(p["abandoned"]),
         committed=_frozen({int(k): v for k, v in p["committed"].items()}),
         summary_seq=e.seq,
+        named=_frozen({d["name"]: NamedSnapshot.from_json(d) for d in p.get("named", ())}),
     )
 
 
@@ -750,6 +849,47 @@ def summarize(state: SinkState, retain_snapshots: int, window_ids: int = 2 * SET
             "abandoned": sorted(k for k in state.abandoned if k >= floor),
             "committed": {str(k): v for k, v in state.committed.items() if k in kept},
             "records": [_record_to_json(kept[k]) for k in sorted(kept)],
+            "named": [n.to_json() for n in state.named.values()],
             "summarized_events": state.next_seq - state.summary_seq,
         },
+    )
+
+
+# --- named snapshots ---------------------------------------------------------
+
+
+def register_named(state: SinkState, entry: NamedSnapshot) -> Event:
+    """The registry entry of an export, written last: only a complete export has one."""
+    check_snapshot_name(entry.name)
+    if entry.name in state.named:
+        raise TxnError(
+            f"sink {state.sink_id!r}: a snapshot named {entry.name!r} exists (snapshot "
+            f"{state.named[entry.name].snapshot_id}); delete it first or choose another name"
+        )
+    payload = entry.to_json()
+    payload.pop("created_at")
+    return Event(
+        stream=state.sink_id,
+        seq=state.next_seq,
+        kind=EventKind.NAMED,
+        epoch=state.epoch,
+        snapshot_id=entry.snapshot_id,
+        batch_id=entry.batch_id,
+        query_id=state.query_id,
+        payload=payload,
+    )
+
+
+def delete_named(state: SinkState, name: str) -> Event:
+    if name not in state.named:
+        raise TxnError(f"sink {state.sink_id!r} has no snapshot named {name!r}")
+    entry = state.named[name]
+    return Event(
+        stream=state.sink_id,
+        seq=state.next_seq,
+        kind=EventKind.NAME_DELETED,
+        epoch=state.epoch,
+        snapshot_id=entry.snapshot_id,
+        query_id=state.query_id,
+        payload={"name": name, "location": entry.location},
     )

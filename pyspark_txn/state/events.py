@@ -22,7 +22,7 @@ from ..errors import UnsupportedFormatVersion
 FORMAT_VERSION = 2
 #: The format each kind is written with: readers that predate a kind refuse it
 #: by version instead of misreading it (version 1 readers know no summaries).
-_KIND_FORMAT = {"summary": 2}
+_KIND_FORMAT = {"summary": 2, "named": 2, "name_deleted": 2}
 
 
 class EventKind(str, Enum):
@@ -32,6 +32,8 @@ class EventKind(str, Enum):
     COMMITTED = "committed"  # phase 2 done; pins the target version
     ABANDONED = "abandoned"  # an allocation or an uncommitted record was withdrawn
     SUMMARY = "summary"  # the fold so far, bounded: the events before it may be deleted
+    NAMED = "named"  # a named snapshot was exported and registered (written last)
+    NAME_DELETED = "name_deleted"  # a named snapshot was deleted; its name is free again
     CLAIM = "claim"  # offset log: message ids claimed for one offset
     ACKED = "acked"  # offset log: claims up to an offset were acknowledged
 

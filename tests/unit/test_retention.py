@@ -130,3 +130,37 @@ def test_a_replay_of_the_last_batch_after_retention_is_still_a_replay(sink):
     )
     assert rec.batch_id == 29 and rec.snapshot_id != attempt[0]
     assert len(target.rows) == before and "again" in target.rolled_back
+
+
+def _named(state, name, sid):
+    from pyspark_txn.state.core import NamedSnapshot
+
+    return NamedSnapshot(name, sid, state.snapshot_id, 0, f"/exports/{name}", 0, {"rows": 1})
+
+
+def test_named_snapshots_are_unique_own_ids_and_survive_summaries(sink):
+    from pyspark_txn.state import allocate
+    from pyspark_txn.state.core import delete_named, register_named
+
+    store, target, committer = sink
+    run_batches(committer, target, 3)
+    event, state = store.update(SINK, fold_sink, allocate)
+    sid = event.snapshot_id
+    _, state = store.update(SINK, fold_sink, lambda s: register_named(s, _named(s, "n", sid)))
+    assert state.named["n"].snapshot_id == sid
+    with pytest.raises(Exception, match="exists"):
+        register_named(state, _named(state, "n", sid))
+    # the event itself is refused by the fold: unique names, an id of its own
+    duplicate = register_named(replace(state, named={}), _named(state, "n", sid))
+    with pytest.raises(ProtocolViolation, match="already registered"):
+        state.apply(duplicate)
+    recorded = state.last_record.snapshot_id
+    stolen = register_named(state, _named(state, "m", recorded))
+    with pytest.raises(ProtocolViolation, match="not allocated for it"):
+        state.apply(stolen)
+    # summaries keep the registry; deleting frees the name
+    run_batches(committer, target, 30, start=3)
+    state = store.load_sink(SINK)
+    assert store.events(SINK)[0].kind is EventKind.SUMMARY and "n" in state.named
+    _, state = store.update(SINK, fold_sink, lambda s: delete_named(s, "n"))
+    assert state.named == {} and fold_sink(SINK, store.events(SINK)).named == {}

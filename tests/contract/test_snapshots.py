@@ -1,0 +1,160 @@
+"""Named snapshots: export, list, show, verify, delete, on real Delta tables (no Spark)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+from test_admin import SinkDriver, run_cli
+
+from pyspark_txn import snapshots
+from pyspark_txn.errors import ConfigError
+
+
+@pytest.fixture
+def sink(tmp_path):
+    s = SinkDriver(tmp_path)
+    for b in range(4):
+        s.batch(b, list(range(b * 10, b * 10 + 10)))
+    return s
+
+
+def ids_of(uri):
+    return sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist())
+
+
+def test_export_the_latest_snapshot_as_standalone_tables(sink, tmp_path):
+    to = str(tmp_path / "exports" / "nightly")
+    named = snapshots.export(sink.chk, "nightly", to)
+    assert named.batch_id == 3 and named.details["rows"] == 40
+    assert ids_of(f"{to}/data") == list(range(40))
+    (row,) = DeltaTable(f"{to}/manifest").to_pyarrow_table().to_pylist()
+    assert row["batch_id"] == 3 and row["name"] == "nightly" and row["rows"] == 40
+    assert row["snapshot_id"] == named.snapshot_id and row["sink_id"] == sink.sink_id
+    assert row["data_checksum"] == named.details["data_checksum"]
+    # the export is its own table: it stays readable when the source table is gone
+    import shutil
+
+    shutil.rmtree(sink.target)
+    assert ids_of(f"{to}/data") == list(range(40))
+    assert snapshots.verify(sink.chk, "nightly").ok
+    assert [n.name for n in snapshots.list_snapshots(sink.chk)] == ["nightly"]
+    # its own snapshot id, above every id the sink had allocated
+    assert named.snapshot_id > named.of_snapshot_id
+
+
+def test_export_of_an_older_snapshot_is_the_table_as_of_that_batch(sink, tmp_path):
+    state = sink.handle().load()
+    second = state.records[1]
+    named = snapshots.export(sink.chk, "b1", str(tmp_path / "b1"), snapshot=second.snapshot_id)
+    assert named.batch_id == 1 and ids_of(str(tmp_path / "b1" / "data")) == list(range(20))
+    with pytest.raises(ConfigError, match="no kept record of snapshot 99"):
+        snapshots.export(sink.chk, "nope", str(tmp_path / "nope"), snapshot=99)
+
+
+def test_verify_names_a_deleted_and_an_altered_file(sink, tmp_path):
+    to = tmp_path / "x"
+    named = snapshots.export(sink.chk, "x", str(to))
+    first, second = sorted(p for p, _, _ in named.details["files"])[:2]
+    os.remove(to / "data" / first)
+    path = to / "data" / second
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes
+    path.write_bytes(bytes(data))
+    check = snapshots.verify(sink.chk, "x")
+    assert not check.ok
+    assert any(first in p and "missing" in p for p in check.problems)
+    assert any(second in p and "CRC32" in p for p in check.problems)
+
+
+def test_names_are_checked_and_unique(sink, tmp_path):
+    for bad in ["", "../up", "a/b", ".hidden", "x" * 129, "sp ace"]:
+        with pytest.raises(ConfigError, match="snapshot name"):
+            snapshots.export(sink.chk, bad, str(tmp_path / "bad"))
+    snapshots.export(sink.chk, "same", str(tmp_path / "one"))
+    with pytest.raises(ConfigError, match="already has a snapshot named 'same'"):
+        snapshots.export(sink.chk, "same", str(tmp_path / "two"))
+    with pytest.raises(ConfigError, match="is not empty"):
+        (tmp_path / "busy").mkdir()
+        (tmp_path / "busy" / "f").write_text("x")
+        snapshots.export(sink.chk, "other", str(tmp_path / "busy"))
+
+
+def test_delete_then_list_and_the_name_is_free_again(sink, tmp_path):
+    to = tmp_path / "d"
+    snapshots.export(sink.chk, "d", str(to))
+    snapshots.delete(sink.chk, "d")
+    assert snapshots.list_snapshots(sink.chk) == [] and not to.exists()
+    again = snapshots.export(sink.chk, "d", str(to))
+    assert again.details["rows"] == 40
+
+
+def test_kill_9_during_export_leaves_nothing_registered_or_visible(sink, tmp_path):
+    to = tmp_path / "k"
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from pyspark_txn import snapshots
+        copy, n = snapshots._copy, [0]
+        def dying_copy(*a):
+            if n[0] == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            n[0] += 1
+            return copy(*a)
+        snapshots._copy = dying_copy
+        snapshots.export({sink.chk!r}, "k", {str(to)!r})
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert snapshots.list_snapshots(sink.chk) == []
+    assert (to / "data").exists() and not (to / "data" / "_delta_log").exists()
+    assert not DeltaTable.is_deltatable(str(to / "data"))
+    named = snapshots.export(sink.chk, "k", str(to))  # the retry removes the partial copy
+    assert ids_of(str(to / "data")) == list(range(40)) and snapshots.verify(sink.chk, "k").ok
+    assert named.snapshot_id not in {
+        n.snapshot_id for n in sink.handle().load().named.values() if n.name != "k"
+    }
+
+
+def test_retention_keeps_named_snapshots(tmp_path):
+    driver = SinkDriver(tmp_path, "r", retainSnapshots="1")
+    driver.batch(0, [0, 1])
+    snapshots.export(driver.chk, "early", str(tmp_path / "early"))
+    for b in range(1, 90):
+        driver.batch(b, [b + 1])
+    events = driver.opts.record_store().events(driver.sink_id)
+    assert events[0].kind.value == "summary"
+    (named,) = snapshots.list_snapshots(driver.chk)
+    assert named.name == "early" and named.batch_id == 0
+    assert snapshots.verify(driver.chk, "early").ok
+    assert ids_of(str(tmp_path / "early" / "data")) == [0, 1]
+    table = DeltaTable(driver.target).to_pyarrow_table()
+    assert pc.count_distinct(table.column("id")).as_py() == table.num_rows == 91
+
+
+def test_cli_snapshots(sink, tmp_path, capsys):
+    code, out, _ = run_cli(capsys, "snapshots", "list", sink.chk)
+    assert code == 0 and "no named snapshots" in out
+    to = tmp_path / "cli"
+    code, out, _ = run_cli(capsys, "snapshots", "export", sink.chk, "cli", "--to", to, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["name"] == "cli" and doc["details"]["rows"] == 40
+    code, out, _ = run_cli(capsys, "snapshots", "show", sink.chk, "cli")
+    assert code == 0 and "40 rows" in out and "batch 3" in out
+    code, out, _ = run_cli(capsys, "snapshots", "verify", sink.chk, "cli")
+    assert code == 0 and out.strip().endswith("OK")
+    os.remove(to / "data" / doc["details"]["files"][0][0])
+    code, out, _ = run_cli(capsys, "snapshots", "verify", sink.chk, "cli", "--json")
+    assert code == 1 and json.loads(out)["ok"] is False
+    code, _, err = run_cli(capsys, "snapshots", "show", sink.chk, "missing")
+    assert code == 2 and "no snapshot named 'missing'" in err
+    code, _, err = run_cli(capsys, "snapshots", "delete", sink.chk, "cli")
+    assert code == 2 and "--yes" in err  # no terminal to confirm on
+    code, out, _ = run_cli(capsys, "snapshots", "delete", sink.chk, "cli", "--yes")
+    assert code == 0 and not to.exists()
