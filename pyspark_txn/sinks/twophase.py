@@ -278,7 +278,10 @@ class TwoPhaseCommitter:
             # phase 2 are named by no record and go.
             self.target.discard(previous.snapshot_id, previous.token, _handles(previous))
         if summary_due(state, self.retain_snapshots, self.summary_window_ids):
-            self._summarize(state)
+            try:
+                self._summarize(state)
+            except TxnError as e:  # housekeeping: the batch is committed; the next one retries
+                log.warning("sink %s: summarizing the history failed: %s", self.sink_id, e)
         return record
 
     def _summarize(self, state: SinkState) -> None:
