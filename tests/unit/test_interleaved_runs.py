@@ -136,6 +136,19 @@ class InterleavedRuns(RuleBasedStateMachine):
         self.committer.summary_window_ids = window
         self.committer._summarize(self.store.load_sink(SINK))
 
+    @rule()
+    def export_named_snapshot(self):
+        """An export from another process takes its own id and registers a name while
+        the runs go on: it must disturb neither their commits nor the delete rule."""
+        from pyspark_txn.state import allocate, fold_sink
+        from pyspark_txn.state.core import NamedSnapshot, register_named
+
+        event, _ = self.store.update(SINK, fold_sink, allocate)
+        name = f"n{event.snapshot_id}"
+        entry = NamedSnapshot(name, event.snapshot_id, -1, -1, f"/x/{name}", None)
+        _, state = self.store.update(SINK, fold_sink, lambda s: register_named(s, entry))
+        assert state.named[name].snapshot_id == event.snapshot_id
+
     @rule(i=st.integers(0, 1))
     def late_task_file(self, i):
         """A task still writing after its attempt was decided or aborted."""
