@@ -38,6 +38,19 @@ def _print_records(record_table: str, sink: str | None = None) -> None:
                 detail = (
                     f"{len(e.payload['txns'])} staged files, offsets {e.payload['source_offsets']}"
                 )
+                confirms = sorted(int(k) for k in e.payload.get("confirms") or {})
+                if confirms:
+                    detail += f"; confirms phase 2 of snapshot {', '.join(map(str, confirms))}"
+            elif e.kind.value == "summary":
+                detail = (
+                    f"history of {e.payload.get('summarized_events')} events summarized: "
+                    f"{len(e.payload.get('records', []))} records, "
+                    f"{len(e.payload.get('named', []))} named snapshots kept"
+                )
+            elif e.kind.value == "named":
+                detail = f"named snapshot {e.payload.get('name')!r} at {e.payload.get('location')}"
+            elif e.kind.value == "name_deleted":
+                detail = f"named snapshot {e.payload.get('name')!r} deleted"
             elif e.kind.value == "committed":
                 detail = f"target version {e.payload.get('target_version')}"
             elif e.kind.value == "epoch":
