@@ -73,6 +73,8 @@ def find_record_table(
     first: a copied checkpoint must never act on the original's history. A
     record table given directly at the default place also yields its checkpoint.
     """
+    if not location.strip():
+        raise ConfigError("the location is empty: give a checkpoint location or a record table")
     uri = _fs.normalize_uri(location)
     candidate = _fs.join(uri, *RECORDS_DIR)
     if _is_record_table(candidate, storage_options):
@@ -83,6 +85,21 @@ def find_record_table(
     if _is_record_table(uri, storage_options):
         suffix = "/" + "/".join(RECORDS_DIR)
         return uri, (uri[: -len(suffix)] if uri.endswith(suffix) else None)
+    try:
+        kept_file = read_sink_file(uri)
+    except (OSError, ValueError):
+        kept_file = None
+    if kept_file is not None and kept_file.get("mode") == "light":
+        raise ConfigError(
+            f"the sink of checkpoint {location} runs with mode=light: it keeps no record "
+            "table, so there is nothing to inspect here; its Delta table's history "
+            "(commitInfo pyspark_txn.*) shows what it committed (docs/modes.md)"
+        )
+    if kept_file is not None:
+        raise ConfigError(
+            f"no record table at {candidate} yet: the sink of checkpoint {location} has not "
+            "committed a batch"
+        )
     raise ConfigError(
         f"no record table at {location} (looked for a checkpoint's {candidate} and for a "
         "Delta table at the location itself)"
@@ -235,6 +252,7 @@ class SinkStatus:
     record_bytes: int
     staged_attempts: int
     stuck: tuple[SnapshotStatus, ...] = ()
+    problems: tuple[str, ...] = ()  # what keeps the query from (re)starting
 
     @property
     def lag_seconds(self) -> float | None:
@@ -248,7 +266,7 @@ class SinkStatus:
 
     @property
     def healthy(self) -> bool:
-        return not self.stuck and self.target_error is None
+        return not self.stuck and self.target_error is None and not self.problems
 
     def to_json(self) -> dict[str, Any]:
         rec = self.last_record
@@ -277,6 +295,7 @@ class SinkStatus:
             "record_table_bytes": self.record_bytes,
             "staged_attempts": self.staged_attempts,
             "stuck": [s.to_json() for s in self.stuck],
+            "problems": list(self.problems),
         }
 
 
@@ -310,6 +329,18 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
             error = f"{type(e).__name__}: {e}"
     files, size = _folder_size(handle.record_table)
     stuck = () if error else tuple(_stuck(handle, state, (target_batch, None)))
+    problems = []
+    last = state.last_record
+    if target_batch is not None and (last is None or target_batch > last.batch_id):
+        problems.append(
+            f"the target holds batch {target_batch} of this sink but the record table "
+            + (f"ends at batch {last.batch_id}" if last else "has no record")
+            + ": the query will refuse to start (another writer with this sink id, a lost "
+            "record table, or a switch from mode=light)"
+        )
+    if last is not None and handle.target_uri is not None and error is None:
+        if target_version is None:
+            problems.append(f"the target table {handle.target_uri} is gone")
     checkpoint = handle.checkpoint
     return SinkStatus(
         sink_id=handle.sink_id,
@@ -331,6 +362,7 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
         record_bytes=size,
         staged_attempts=staged or 0,
         stuck=stuck,
+        problems=tuple(problems),
     )
 
 

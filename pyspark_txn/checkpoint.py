@@ -81,6 +81,7 @@ def persisted_sink_id(
     explicit: str | None = None,
     fs_options=None,
     record_table: str | None = None,
+    mode: str = "snapshots",
 ) -> str:
     """The sink id kept inside the checkpoint, written there on first use.
 
@@ -91,10 +92,20 @@ def persisted_sink_id(
     differs from the kept one is refused. A record table outside the checkpoint
     (option ``recordTable``) is named there too, so tools find a sink's history
     from its checkpoint alone; the default one is not: it is wherever the
-    checkpoint is now.
+    checkpoint is now. So is the sink's ``mode``: a checkpoint keeps the mode it
+    started with (files from before modes existed are ``snapshots``).
     """
     kept = read_sink_file(checkpoint, fs_options)
     if kept is not None:
+        kept_mode = kept.get("mode", "snapshots")
+        if kept_mode != mode:
+            raise ConfigError(
+                f"option mode={mode}, but the checkpoint {checkpoint} ran with mode={kept_mode} "
+                f"({_fs.join(checkpoint, *SINK_FILE)}): a checkpoint keeps its mode (a light "
+                "sink keeps no records to continue from; a light query would skip a snapshot "
+                f"sink's history). Use mode={kept_mode}, or start the query with a new "
+                "checkpoint (docs/modes.md)."
+            )
         if explicit is not None and explicit != kept["sink_id"]:
             raise ConfigError(
                 f"option sinkId={explicit!r}, but the checkpoint {checkpoint} belongs to sink "
@@ -106,7 +117,12 @@ def persisted_sink_id(
     path = _fs.join(root, *SINK_FILE)
     fs.makedirs(_fs.join(root, SINK_FILE[0]), exist_ok=True)
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    content = {"sink_id": explicit or derived, "record_table": record_table, "format_version": 1}
+    content = {
+        "sink_id": explicit or derived,
+        "record_table": record_table,
+        "mode": mode,
+        "format_version": 1,
+    }
     with fs.open(tmp, "w") as f:
         json.dump(content, f)
     try:
@@ -114,4 +130,7 @@ def persisted_sink_id(
     except Exception:
         fs.rm(tmp)
         raise
-    return read_sink_file(checkpoint, fs_options)["sink_id"]  # a racing first use: the file decides
+    kept = read_sink_file(checkpoint, fs_options)  # a racing first use: the file decides
+    if kept.get("mode", "snapshots") != mode:
+        return persisted_sink_id(checkpoint, derived, explicit, fs_options, record_table, mode)
+    return kept["sink_id"]

@@ -1,4 +1,5 @@
-"""The ``pyspark-txn`` command line."""
+"""pyspark-txn: run the demo, and watch, repair, verify and snapshot txn-delta sinks
+from a shell, without Spark."""
 
 from __future__ import annotations
 
@@ -108,13 +109,20 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"  Spark's checkpoint: batch {d['spark_planned_batch']} planned, "
             f"{d['spark_committed_batch']} committed"
         )
-    if d["target_error"]:
+    if d["target_uri"] is None:
+        print("  target: not known yet (no snapshot record names it)")
+    elif d["target_error"]:
         print(f"  target {d['target_uri']}: cannot be read: {d['target_error']}")
+    elif d["target_version"] is None:
+        print(f"  target {d['target_uri']}: no table")
     else:
         print(
             f"  target {d['target_uri']}: version {d['target_version']}, holds this sink's "
-            f"batches up to {d['target_batch']}; {d['staged_attempts']} staged attempt(s) listed"
+            f"batches up to {d['target_batch']}; staging markers of "
+            f"{d['staged_attempts']} recent attempt(s) (kept until ~32 batches later)"
         )
+    for problem in status.problems:
+        print(f"  problem: {problem}")
     print(f"  run {d['run_id']} holds epoch {d['epoch']} (query {d['query_id']})")
     print(
         f"  record table {d['record_table']}: {d['record_table_events']} events in its "
@@ -567,7 +575,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except TxnError as e:
         print(f"pyspark-txn: error: {e}", file=sys.stderr)
+        if getattr(args, "json", False):  # scripts still get a document to parse
+            print(json.dumps({"error": str(e), "type": type(e).__name__}))
         return 2
+    except BrokenPipeError:  # `pyspark-txn records ... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ SINK_OPTIONS = {
     "tablename": "name of the table when the sink creates it",
     "tabledescription": "description of the table when the sink creates it",
     "loglevel": "what Spark's Python workers log to stderr (the driver's log in local mode): "
-    "INFO (default: one line per batch), WARNING, ERROR, DEBUG or OFF",
+    "INFO (default: one line per batch), WARNING (or WARN), ERROR, DEBUG or OFF",
     "mode": "snapshots (default: snapshot records, fencing) or light (see docs/modes.md)",
     "retainsnapshots": "snapshot records the record table keeps (default 100; older are summarized)",
     "faultinjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
@@ -151,6 +151,17 @@ def _parse_compression(value: str) -> str:
     return codec
 
 
+def _check_location(option: str, value: str) -> None:
+    """Characters delta-rs cannot take in a table URL, or that a local path would lose
+    (it is read as a URL: ``%20`` becomes a space), are refused by name."""
+    bad = sorted(set(value) & set("[]" if "://" in value else "[]%"))
+    if bad:
+        raise ConfigError(
+            f"option {option}={value!r}: {' and '.join(repr(c) for c in bad)} cannot be used "
+            "in a location (delta-rs reads it as a URL); rename the folder"
+        )
+
+
 def _check_sink_id(sink_id: str, option: str) -> str:
     if not sink_id or not set(sink_id) <= _SINK_ID_CHARS or sink_id.startswith("."):
         raise ConfigError(
@@ -226,10 +237,15 @@ class DeltaSinkOptions:
                     "keeps no snapshot records (docs/modes.md)"
                 )
         log_level = opts.get("loglevel", "INFO").strip().upper()
+        log_level = {"WARN": "WARNING"}.get(log_level, log_level)  # Spark's spelling
         if log_level not in LOG_LEVELS:
             raise ConfigError(
                 f"option logLevel={opts['loglevel']!r}: expected one of {', '.join(LOG_LEVELS)}"
             )
+        for key, name in (("path", "path"), ("checkpointlocation", "checkpointLocation")):
+            _check_location(name, opts[key])
+        if opts.get("recordtable"):
+            _check_location("recordTable", opts["recordtable"])
         path = _fs.normalize_uri(opts["path"])
         checkpoint = _fs.normalize_uri(opts["checkpointlocation"])
         prefix = _check_sink_id(opts.get("sinkidprefix", "txn"), "sinkIdPrefix")
@@ -302,6 +318,7 @@ class DeltaSinkOptions:
                 if self.record_table == default_record_table(self.checkpoint_location)
                 else self.record_table
             ),
+            mode=self.mode,
         )
         return replace(self, sink_id=sink_id)
 
@@ -360,19 +377,6 @@ class DeltaSinkOptions:
     def light_committer(self) -> LightCommitter:
         return LightCommitter(self.target(), self.sink_id)
 
-    def check_mode(self) -> None:
-        """A checkpoint keeps the mode it started with: a light sink has no records to
-        continue from, and a snapshot sink's history would be skipped by a light one."""
-        if not self.light:
-            return
-        fs, path = _fs.filesystem(self.record_table, dict(self.fs_options))
-        if fs.exists(path):
-            raise ConfigError(
-                f"option mode=light, but this checkpoint's sink ran with snapshot records "
-                f"({self.record_table}): a checkpoint keeps its mode. Drop mode=light, or "
-                "start the light query with a new checkpoint"
-            )
-
     def staging(self) -> StagingConfig:
         return StagingConfig(
             table_uri=self.path,
@@ -413,18 +417,25 @@ def spark_run_id() -> str | None:
 
 
 def worker_logging(level: str) -> None:
-    """Send this package's log lines to stderr in a Spark Python worker.
+    """Send this package's log lines to stderr in a Spark Python worker, at ``level``.
 
     Workers are separate processes that never see the application's logging
     setup, so without this the per-batch line and every recovery warning would
-    be dropped. Only when nobody configured the ``pyspark_txn`` logger or the
-    root logger in this process."""
+    be dropped. Nothing is changed where the application configured logging
+    itself (a handler on ``pyspark_txn`` or the root logger). Spark reuses
+    workers across queries, so the level is set at every call: queries with
+    different levels running at the same moment share the last one set.
+    """
     package = logging.getLogger("pyspark_txn")
-    if package.handlers or logging.getLogger().handlers:
+    ours = [h for h in package.handlers if getattr(h, "_pyspark_txn_worker", False)]
+    if not ours and (package.handlers or logging.getLogger().handlers):
         return
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    package.addHandler(handler)
+    if not ours:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler._pyspark_txn_worker = True  # type: ignore[attr-defined]
+        package.addHandler(handler)
+        package.propagate = False
     package.setLevel(logging.CRITICAL + 1 if level == "OFF" else getattr(logging, level))
 
 
@@ -456,7 +467,6 @@ class TxnDeltaStreamWriter(_WriterBase):
         opts.check_schema(self.arrow_schema)
         check_writable_schema(self.arrow_schema)
         opts.target().check_stream_schema(self.arrow_schema, opts.merge_schema)
-        opts.check_mode()
         self._attempt: tuple[int, str] | None = None
 
     def __getstate__(self) -> dict[str, Any]:

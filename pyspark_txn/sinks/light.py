@@ -55,13 +55,13 @@ class LightCommitter:
         if held:
             return None
         log.info(
-            "sink %s (light): batch %d: %d rows, %d files, %d bytes, table version %s, %.0f ms",
+            "sink %s (light): batch %d committed: %d rows, %d files, %d bytes, %s; %.0f ms",
             self.sink_id,
             batch_id,
             sum(t.rows for t in txns),
             len(txns),
             sum(t.bytes for t in txns),
-            version,
+            "no Delta commit (empty batch)" if version is None else f"table version {version}",
             (time.perf_counter() - started) * 1000,
         )
         return version

@@ -255,14 +255,14 @@ class TwoPhaseCommitter:
         state, version = self._phase2(state, record, confirm=False)
         log.info(
             "sink %s: batch %d committed as snapshot %d: %d rows, %d files, %d bytes, "
-            "table version %s; decide %.0f ms, record %.0f ms, phase 2 %.0f ms",
+            "%s; decide %.0f ms, record %.0f ms, phase 2 %.0f ms",
             self.sink_id,
             batch_id,
             snapshot_id,
             record.rows,
             len(record.txns),
             sum(t.bytes for t in record.txns),
-            version,
+            "no Delta commit (empty batch)" if version is None else f"table version {version}",
             (decided - started) * 1000,
             (recorded - decided) * 1000,
             (time.perf_counter() - recorded) * 1000,

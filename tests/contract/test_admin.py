@@ -519,3 +519,50 @@ def test_verify_fails_when_the_target_was_recreated_and_lost_committed_data(tmp_
     report = admin.verify(admin.open_sink(driver.chk))
     assert not report.ok
     assert any("re-created or restored" in p.message for _, p in report.errors)
+
+
+def test_status_needs_attention_when_the_target_is_ahead_of_the_records(sink, capsys):
+    # another writer with this sink id (or a switch from light mode) moved the target on
+    from deltalake.transaction import CommitProperties, Transaction
+
+    write_deltalake(
+        sink.target,
+        pa.table({"id": [99], "v": ["x"]}, schema=SCHEMA),
+        mode="append",
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(app_id=sink.sink_id, version=5)]
+        ),
+    )
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert code == 1 and "NEEDS ATTENTION" in out
+    assert "holds batch 5 of this sink but the record table ends at batch 1" in out
+
+
+def test_cli_errors_are_json_too_and_light_checkpoints_are_named(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "status", tmp_path / "nowhere", "--json")
+    assert code == 2 and "no record table" in err
+    assert json.loads(out)["type"] == "ConfigError"
+    code, _, err = run_cli(capsys, "status", "")
+    assert code == 2 and "location is empty" in err
+    light = DeltaSinkOptions.parse(
+        {"path": str(tmp_path / "t"), "checkpointLocation": str(tmp_path / "lc"), "mode": "light"}
+    ).with_checkpoint_sink_id()
+    code, _, err = run_cli(capsys, "status", light.checkpoint_location)
+    assert code == 2 and "runs with mode=light" in err
+    with pytest.raises(ConfigError, match="ran with mode=light"):
+        DeltaSinkOptions.parse(
+            {"path": str(tmp_path / "t"), "checkpointLocation": str(tmp_path / "lc")}
+        ).with_checkpoint_sink_id()
+
+
+def test_locations_delta_rs_cannot_read_are_refused_by_name():
+    for bad, option in (("/tmp/x[1]/t", "path"), ("/tmp/p%20q/c", "checkpointLocation")):
+        opts = {"path": "/tmp/t", "checkpointLocation": "/tmp/c", option: bad}
+        with pytest.raises(ConfigError, match=f"option {option}="):
+            DeltaSinkOptions.parse(opts)
+    assert (
+        DeltaSinkOptions.parse(
+            {"path": "/tmp/t", "checkpointLocation": "/tmp/c", "logLevel": "warn"}
+        ).log_level
+        == "WARNING"
+    )

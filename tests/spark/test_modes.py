@@ -50,8 +50,19 @@ def test_a_checkpoint_keeps_its_mode(pipeline):
     assert other.run(mode="light") is None
     other.total = 3000
     error = other.run()
-    assert error is not None and "mode=light" in str(error)
+    assert error is not None and "ran with mode=light" in str(error)
     other.assert_exactly_once(2000)
+    # refused before anything was written: light mode goes on where it stopped
+    assert not os.path.exists(os.path.join(other.checkpoint, "pyspark_txn", "records"))
+    assert other.run(mode="light") is None
+    other.assert_exactly_once(3000)
+
+    # a record table outside the checkpoint does not hide the mode
+    custom = type(pipeline)(pipeline.spark, pipeline.base / "custom", total=1000)
+    assert custom.run(recordTable=str(pipeline.base / "records-elsewhere")) is None
+    custom.total = 2000
+    error = custom.run(mode="light")
+    assert error is not None and "ran with mode=snapshots" in str(error)
 
 
 def test_mode_options_are_checked_before_anything_runs():
