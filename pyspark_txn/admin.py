@@ -626,7 +626,23 @@ def _not_in_table(
     return Problem("warning", "not-in-table", "", "not in the current table version")
 
 
-def _crc32(fs, path: str, on_bytes: Callable[[int], None]) -> str:
+def byte_progress(total: int, progress: Progress | None) -> Callable[[int], None]:
+    """A callback that adds bytes done and reports ``(done, total)`` to ``progress``
+    (reported once with 0 at once)."""
+    done = 0
+    if progress is not None:
+        progress(0, total)
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(min(done, total), total)
+
+    return advance
+
+
+def crc32_of(fs, path: str, on_bytes: Callable[[int], None]) -> str:
     crc = 0
     with fs.open(path, "rb") as f:
         while chunk := f.read(CHUNK_BYTES):
@@ -670,17 +686,7 @@ def verify(handle: SinkHandle, progress: Progress | None = None) -> VerifyReport
             else:
                 to_read.append(t)
         plan.append((rec, problems, to_read))
-    total = sum(t.bytes for _, _, to_read in plan for t in to_read)
-    done = 0
-
-    def advance(n: int) -> None:
-        nonlocal done
-        done += n
-        if progress is not None:
-            progress(min(done, total), total)
-
-    if progress is not None:
-        progress(0, total)
+    advance = byte_progress(sum(t.bytes for _, _, to_read in plan for t in to_read), progress)
     checks = []
     for rec, problems, to_read in plan:
         for t in to_read:
@@ -727,7 +733,7 @@ def _check_file(fs, path: str, t, advance: Callable[[int], None]) -> Iterable[Pr
         advance(n)
 
     try:
-        actual = _crc32(fs, path, count)
+        actual = crc32_of(fs, path, count)
     except OSError as e:
         advance(t.bytes - read)
         return [Problem("error", "unreadable", t.handle, f"cannot be read: {e}")]

@@ -439,6 +439,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 LOCATION_HELP = "checkpoint location, or record table URI"
+
+
+def _sink_arguments(p: argparse.ArgumentParser, *, name: bool = False, as_json: bool = True):
+    """The arguments every sink command takes: where, which sink (and name), --json."""
+    p.add_argument("location", help=LOCATION_HELP)
+    if name:
+        p.add_argument("name")
+    p.add_argument("--sink", help=SINK_HELP)
+    if as_json:
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+
 SINK_HELP = "sink id (default: the checkpoint's kept sink id, or the record table's only sink)"
 
 
@@ -464,9 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         epilog="exit status: 0 healthy, 1 needs attention (stuck snapshot or unreadable "
         "target), 2 error",
     )
-    p.add_argument("location", help=LOCATION_HELP)
-    p.add_argument("--sink", help=SINK_HELP)
-    p.add_argument("--json", action="store_true", help="print JSON")
+    _sink_arguments(p)
     p.set_defaults(func=cmd_status)
     snaps = sub.add_parser(
         "snapshots",
@@ -492,34 +502,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_snapshots_export)
     p = ssub.add_parser("list", help="list named snapshots", epilog="exit status: 0, 2 error")
-    p.add_argument("location", help=LOCATION_HELP)
-    p.add_argument("--sink", help=SINK_HELP)
-    p.add_argument("--json", action="store_true", help="print JSON")
+    _sink_arguments(p)
     p.set_defaults(func=cmd_snapshots_list)
     p = ssub.add_parser("show", help="show one named snapshot", epilog="exit status: 0, 2 error")
-    p.add_argument("location", help=LOCATION_HELP)
-    p.add_argument("name")
-    p.add_argument("--sink", help=SINK_HELP)
-    p.add_argument("--json", action="store_true", help="print JSON")
+    _sink_arguments(p, name=True)
     p.set_defaults(func=cmd_snapshots_show)
     p = ssub.add_parser(
         "verify",
         help="re-read an export; compare files, sizes, CRC32s and rows with the registry",
         epilog="exit status: 0 OK, 1 mismatches found, 2 error",
     )
-    p.add_argument("location", help=LOCATION_HELP)
-    p.add_argument("name")
-    p.add_argument("--sink", help=SINK_HELP)
-    p.add_argument("--json", action="store_true", help="print JSON")
+    _sink_arguments(p, name=True)
     p.set_defaults(func=cmd_snapshots_verify)
     p = ssub.add_parser(
         "delete",
         help="unregister a named snapshot and remove its export",
         epilog="exit status: 0 deleted, 1 declined at the prompt, 2 error",
     )
-    p.add_argument("location", help=LOCATION_HELP)
-    p.add_argument("name")
-    p.add_argument("--sink", help=SINK_HELP)
+    _sink_arguments(p, name=True, as_json=False)
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_snapshots_delete)
     p = sub.add_parser(
@@ -530,9 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         "whose phase 2 can no longer succeed is withdrawn with `pyspark-txn abandon`. A "
         "running query shows its current batch here for a moment.",
     )
-    p.add_argument("location", help=LOCATION_HELP)
-    p.add_argument("--sink", help=SINK_HELP)
-    p.add_argument("--json", action="store_true", help="print JSON")
+    _sink_arguments(p)
     p.set_defaults(func=cmd_stuck)
     p = sub.add_parser(
         "abandon",
@@ -562,9 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         "or vacuum) is a warning, not an error.",
         epilog="exit status: 0 all files OK (warnings allowed), 1 problems found, 2 error",
     )
-    p.add_argument("location", help=LOCATION_HELP)
-    p.add_argument("--sink", help=SINK_HELP)
-    p.add_argument("--json", action="store_true", help="print JSON")
+    _sink_arguments(p)
     p.set_defaults(func=cmd_verify)
     args = parser.parse_args(argv)
     logging.basicConfig(

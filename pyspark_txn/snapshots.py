@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 #: Written first into an export's folder: whose export it is. A folder with
 #: this file and no registry entry is a crashed export, removed by the next one.
 EXPORT_MARKER = ".pyspark-txn-export.json"
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = admin.CHUNK_BYTES
 
 Progress = Callable[[int, int], None]
 
@@ -201,16 +201,7 @@ def export(
             "supported yet"
         )
     total = sum(a["size_bytes"] for a in adds)
-    done = 0
-
-    def advance(n: int) -> None:
-        nonlocal done
-        done += n
-        if progress is not None:
-            progress(min(done, total), total)
-
-    if progress is not None:
-        progress(0, total)
+    advance = admin.byte_progress(total, progress)
     src_fs, src_root = _fs.filesystem(handle.target_uri)
     files, actions, rows = [], [], 0
     for a in adds:
@@ -354,14 +345,8 @@ def verify(
     for path in sorted(listed - set(expected)):
         problems.append(f"{path}: in the exported table but not in the snapshot")
     fs, root = _fs.filesystem(_fs.join(entry.location, "data"))
-    total = sum(size for size, _ in expected.values())
-    done, rows = 0, 0
-
-    def advance(n: int) -> None:
-        nonlocal done
-        done += n
-        if progress is not None:
-            progress(min(done, total), total)
+    advance = admin.byte_progress(sum(size for size, _ in expected.values()), progress)
+    rows = 0
 
     for path in sorted(set(expected) & listed):
         size, crc = expected[path]
@@ -376,13 +361,9 @@ def verify(
             problems.append(f"{path}: {got_size} bytes, the snapshot says {size}")
             advance(size)
             continue
-        c = 0
-        with fs.open(full, "rb") as f:
-            while chunk := f.read(CHUNK_BYTES):
-                c = zlib.crc32(chunk, c)
-                advance(len(chunk))
-        if f"crc32:{c:08x}" != crc:
-            problems.append(f"{path}: CRC32 crc32:{c:08x}, the snapshot says {crc}")
+        got = admin.crc32_of(fs, full, advance)
+        if got != crc:
+            problems.append(f"{path}: CRC32 {got}, the snapshot says {crc}")
             continue
         with fs.open(full, "rb") as f:
             rows += pq.ParquetFile(f).metadata.num_rows
