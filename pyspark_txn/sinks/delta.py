@@ -30,6 +30,7 @@ from ..checkpoint import (
 from ..errors import ConfigError, ProtocolViolation
 from ..faults import FaultPlan
 from ..state import DEFAULT_RETAIN_SNAPSHOTS, DeltaEventLog, RecordStore, TxnHandle, new_token
+from ..state.core import NAME_CHARS
 from .delta_target import DeltaTarget, check_writable_schema, schema_to_b64
 from .light import LIGHT_SNAPSHOT_ID, LightCommitter
 from .staging import PARQUET_CODECS, StagingConfig, stage_partition
@@ -118,9 +119,6 @@ def _parse_table_properties(opts: Mapping[str, str]) -> tuple[tuple[str, str], .
     return tuple(out)
 
 
-_SINK_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
-
-
 def _parse_bool(name: str, value: str) -> bool:
     v = value.strip().lower()
     if v in ("true", "1", "yes"):
@@ -163,7 +161,7 @@ def _check_location(option: str, value: str) -> None:
 
 
 def _check_sink_id(sink_id: str, option: str) -> str:
-    if not sink_id or not set(sink_id) <= _SINK_ID_CHARS or sink_id.startswith("."):
+    if not sink_id or not set(sink_id) <= NAME_CHARS or sink_id.startswith("."):
         raise ConfigError(
             f"option {option}={sink_id!r}: use letters, digits, '-', '_' and '.' only "
             "(it names folders and Delta app transactions)"

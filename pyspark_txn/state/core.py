@@ -237,8 +237,9 @@ class NamedSnapshot:
         )
 
 
-#: Names: what may name a folder and be typed in a shell.
-_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+#: What may name a folder, a Delta app transaction and be typed in a shell: sink
+#: ids and snapshot names alike.
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 MAX_NAME_LENGTH = 128
 
 
@@ -252,7 +253,7 @@ def check_snapshot_name(name: str) -> str:
         raise ConfigError(
             f"snapshot name {name[:20]!r}...: {len(name)} characters, at most {MAX_NAME_LENGTH}"
         )
-    bad = sorted(set(name) - _NAME_CHARS)
+    bad = sorted(set(name) - NAME_CHARS)
     if bad or name.startswith(".") or ".." in name:
         raise ConfigError(
             f"snapshot name {name!r}: use letters, digits, '-', '_' and '.' only, not starting "
