@@ -513,6 +513,16 @@ def abandon_snapshot(handle: SinkHandle, snapshot_id: int, reason: str) -> SinkS
     return state
 
 
+def settle(location: str, sink: str | None = None, *, reason: str = "settled") -> SinkState:
+    """Finish or roll back whatever a stopped query left of its sink's last batch.
+
+    Stop the query first: settling takes the sink's epoch, so a run still
+    going would be fenced (it fails with ``FencedError`` at its next commit).
+    """
+    handle = open_sink(location, sink)
+    return handle.committer().settle(reason)
+
+
 # --- verify ---------------------------------------------------------------------
 
 

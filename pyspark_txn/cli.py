@@ -4,6 +4,7 @@ from a shell, without Spark."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -266,21 +267,107 @@ def _named_lines(n) -> list[str]:
     ]
 
 
+def _state_spark(args: argparse.Namespace):
+    """A local SparkSession when the export must read a stateful query's state tables."""
+    from .checkpoint import has_state
+
+    if args.state == "skip":
+        return None
+    handle = admin.open_sink(args.location, args.sink)
+    if handle.checkpoint is None or not has_state(handle.checkpoint, dict(handle.storage_options)):
+        return None
+    from .session import local_session
+
+    return local_session(app_name="pyspark-txn snapshots export")
+
+
 def cmd_snapshots_export(args: argparse.Namespace) -> int:
     from . import snapshots
 
-    progress, close = _progress_bar("export")
-    try:
-        named = snapshots.export(
-            args.location, args.name, args.to, args.snapshot, sink=args.sink, progress=progress
+    if args.at_next_commit:
+        if args.snapshot is not None:
+            raise ConfigError("--snapshot and --at-next-commit exclude each other")
+        request = snapshots.request_export(
+            args.location, args.name, args.to, sink=args.sink, state=args.state
         )
-    finally:
-        close()
+        if args.wait is None:
+            if args.json:
+                print(json.dumps({"requested": request.to_json()}, indent=2))
+            else:
+                print(
+                    f"requested {request.name}: the sink exports the batch it commits next to "
+                    f"{request.location}; check with: pyspark-txn snapshots show "
+                    f"{args.location} {request.name}"
+                )
+            return 0
+        named = snapshots.wait_for_export(
+            args.location, args.name, sink=args.sink, timeout=args.wait
+        )
+    else:
+        if args.wait is not None:
+            raise ConfigError("--wait needs --at-next-commit")
+        progress, close = _progress_bar("export")
+        try:
+            named = snapshots.export(
+                args.location,
+                args.name,
+                args.to,
+                args.snapshot,
+                sink=args.sink,
+                progress=progress,
+                state=args.state,
+                spark=_state_spark(args),
+            )
+        finally:
+            close()
     if args.json:
         print(json.dumps(named.to_json(), indent=2))
     else:
         print("exported " + "\n".join(_named_lines(named)))
         print(f"  data: {named.location}/data   manifest: {named.location}/manifest")
+    return 0
+
+
+def cmd_snapshots_prepare_query(args: argparse.Namespace) -> int:
+    from . import snapshots
+
+    progress, close = _progress_bar("copy")
+    try:
+        prepared = snapshots.prepare_query(
+            args.location,
+            args.name,
+            args.checkpoint,
+            args.path,
+            sink=args.sink,
+            progress=progress,
+        )
+    finally:
+        close()
+    if args.json:
+        print(json.dumps(dataclasses.asdict(prepared), indent=2, default=str))
+        return 0
+    print(
+        f"prepared: checkpoint {prepared.checkpoint} resumes after batch {prepared.batch_id}; "
+        f"table {prepared.path} holds {prepared.rows} rows.\n"
+        "Start the same query (same sources, same order) with "
+        f".option('checkpointLocation', {prepared.checkpoint!r}) and the txn-delta sink's "
+        f".option('path', {prepared.path!r})."
+    )
+    return 0
+
+
+def cmd_snapshots_offsets(args: argparse.Namespace) -> int:
+    from . import snapshots
+
+    if args.kafka:
+        print(snapshots.kafka_starting_offsets(args.location, args.name, args.source, args.sink))
+        return 0
+    offsets = snapshots.source_offsets(args.location, args.name, args.sink)
+    if args.json:
+        print(json.dumps(offsets, indent=2))
+        return 0
+    for i, offset in enumerate(offsets):
+        print(f"{i}\t{offset if offset is not None else '-'}")
     return 0
 
 
@@ -480,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_status)
     snaps = sub.add_parser(
         "snapshots",
-        help="named snapshots: export, list, show, verify, delete",
+        help="named snapshots: export, list, show, verify, delete, prepare-query, offsets",
         description="Named snapshots of a txn-delta sink: a committed snapshot exported as "
         "standalone Delta tables (data/, manifest/) and registered under a name in the "
         "sink's record table. See docs/snapshots.md.",
@@ -498,9 +585,50 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name", help="letters, digits, '-', '_', '.'; unique per sink")
     p.add_argument("--to", required=True, help="a new or empty directory (URI)")
     p.add_argument("--snapshot", type=int, help="the sink's snapshot id (default: latest)")
+    p.add_argument(
+        "--at-next-commit",
+        action="store_true",
+        help="ask the running query to export the batch it commits next (inside its commit)",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="with --at-next-commit: wait up to SECONDS for the export (default: do not wait)",
+    )
+    p.add_argument(
+        "--state",
+        choices=("auto", "include", "skip"),
+        default="auto",
+        help="state tables of a stateful query: auto (if it has state; starts a local Spark), "
+        "include (required), skip",
+    )
     p.add_argument("--sink", help=SINK_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_snapshots_export)
+    p = ssub.add_parser(
+        "prepare-query",
+        help="prepare a checkpoint and table that start a new query at a named snapshot",
+        description="Copy the snapshot's data into a new table at --path and write a Spark "
+        "checkpoint at --checkpoint whose last committed batch is the snapshot's, with its "
+        "offsets. The same query started with both resumes exactly there.",
+        epilog="exit status: 0 prepared, 2 error",
+    )
+    _sink_arguments(p, name=True)
+    p.add_argument("--checkpoint", required=True, help="the new query's checkpoint (new/empty)")
+    p.add_argument("--path", required=True, help="the new query's target table (new/empty)")
+    p.set_defaults(func=cmd_snapshots_prepare_query)
+    p = ssub.add_parser(
+        "offsets",
+        help="print the snapshot's source offsets (e.g. a Kafka startingOffsets JSON)",
+        epilog="exit status: 0, 2 error",
+    )
+    _sink_arguments(p, name=True)
+    p.add_argument(
+        "--kafka", action="store_true", help="print source --source as Kafka startingOffsets"
+    )
+    p.add_argument("--source", type=int, default=0, help="source index for --kafka (default 0)")
+    p.set_defaults(func=cmd_snapshots_offsets)
     p = ssub.add_parser("list", help="list named snapshots", epilog="exit status: 0, 2 error")
     _sink_arguments(p)
     p.set_defaults(func=cmd_snapshots_list)

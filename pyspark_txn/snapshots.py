@@ -14,15 +14,19 @@ Export-only: nothing of the running query is committed or rolled back; the
 export takes its own snapshot id (never reused) from the sink's stream, so a
 running query only sees one more event in its record table.
 
-Not yet: ``state/`` tables of stateful queries, an export requested from a
-running query at its next batch boundary, ``stop_and_export`` and starting a
-query from a snapshot (issue 11, docs/snapshots.md).
+Three cuts (docs/snapshots.md): :func:`export` (the latest committed batch,
+now), :func:`request_export` (the batch the sink commits next, exported
+inside that commit) and :func:`stop_and_export` (a terminal snapshot: the
+query is stopped and its sink settled first). :func:`prepare_query` makes a
+new query start exactly at a snapshot.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
+import uuid
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -31,9 +35,18 @@ from typing import Any
 from urllib.parse import unquote
 
 from . import _fs, admin
+from .checkpoint import has_state
 from .errors import ConfigError, CorruptSnapshotError, TxnError
-from .state import allocate, fold_sink
-from .state.core import NamedSnapshot, check_snapshot_name, delete_named, register_named
+from .state import SinkState, SnapshotRecord, allocate, fold_sink
+from .state.core import (
+    ExportRequest,
+    NamedSnapshot,
+    check_snapshot_name,
+    delete_named,
+    fail_export,
+    register_named,
+)
+from .state.core import request_export as request_export_event
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +81,9 @@ def show(location: str, name: str, sink: str | None = None) -> NamedSnapshot:
 
 # --- export -------------------------------------------------------------------
 
+#: ``state=`` of :func:`export`: whether the state of a stateful query is exported.
+STATE_CHOICES = ("auto", "include", "skip")
+
 
 def _read_marker(fs, root: str) -> dict[str, Any] | None:
     path = _fs.join(root, EXPORT_MARKER)
@@ -100,16 +116,38 @@ def _prepare_location(fs, root: str, handle: admin.SinkHandle, uri: str) -> None
     fs.rm(root, recursive=True)
 
 
-def _pin(handle: admin.SinkHandle, snapshot: int | None):
+def _check_name_free(state: SinkState, name: str, serving: bool = False) -> None:
+    check_snapshot_name(name)
+    if name in state.named:
+        raise ConfigError(
+            f"sink {state.sink_id!r} already has a snapshot named {name!r}; delete it "
+            "first or choose another name"
+        )
+    if name in state.export_requests and not serving:
+        raise ConfigError(
+            f"sink {state.sink_id!r}: an export named {name!r} is requested for the next "
+            "commit; wait for it (wait_for_export) or choose another name"
+        )
+
+
+def _check_to(handle: admin.SinkHandle, to: str) -> str:
+    if handle.target_uri is None:
+        raise ConfigError(f"sink {handle.sink_id!r} has no target yet: nothing to export")
+    uri = _fs.normalize_uri(to)
+    target_root = handle.target_uri.rstrip("/")
+    if uri == target_root or uri.startswith(target_root + "/"):
+        raise ConfigError(f"--to {to}: must not be inside the sink's target {target_root}")
+    return uri
+
+
+def _pin(state: SinkState, target, snapshot: int | None) -> tuple[SnapshotRecord, int]:
     """The committed record to export and the target version its commit made."""
-    state = handle.load()
-    target = handle.target()
     records = sorted(state.records.values(), key=lambda r: r.snapshot_id, reverse=True)
     if snapshot is not None:
         records = [r for r in records if r.snapshot_id == snapshot]
         if not records:
             raise ConfigError(
-                f"sink {handle.sink_id!r} has no kept record of snapshot {snapshot} (it was "
+                f"sink {state.sink_id!r} has no kept record of snapshot {snapshot} (it was "
                 "never recorded, was abandoned, or retention summarized it away)"
             )
     for rec in records:
@@ -119,8 +157,40 @@ def _pin(handle: admin.SinkHandle, snapshot: int | None):
         if version is not None:
             return rec, version
         if snapshot is not None:
-            raise ConfigError(f"snapshot {snapshot} of sink {handle.sink_id!r} is not committed")
-    raise ConfigError(f"sink {handle.sink_id!r} has no committed snapshot to export yet")
+            raise ConfigError(f"snapshot {snapshot} of sink {state.sink_id!r} is not committed")
+    raise ConfigError(f"sink {state.sink_id!r} has no committed snapshot to export yet")
+
+
+def _state_session(handle: admin.SinkHandle, state: str, spark):
+    """The SparkSession that reads the query's state, or None when no state is exported."""
+    if state not in STATE_CHOICES:
+        raise ConfigError(f"state={state!r}: choose one of {', '.join(STATE_CHOICES)}")
+    if state == "skip":
+        return None
+    checkpoint = handle.checkpoint
+    stateful = checkpoint is not None and has_state(checkpoint, dict(handle.storage_options))
+    if not stateful:
+        if state == "include":
+            raise ConfigError(
+                "state=include: "
+                + (
+                    f"the checkpoint {checkpoint} holds no operator state"
+                    if checkpoint
+                    else "give the query's checkpoint location, not its record table"
+                )
+            )
+        return None
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+    if spark is None:
+        raise ConfigError(
+            f"the query at {checkpoint} is stateful: exporting its state tables needs a "
+            "SparkSession (pass spark=...; the CLI starts a local one), or pass state='skip' "
+            "(--state skip) to export the data and manifest only"
+        )
+    return spark
 
 
 def _partition_string(value: Any) -> str | None:
@@ -146,72 +216,65 @@ def _copy(src_fs, src: str, dst_fs, dst: str, advance: Callable[[int], None]) ->
     return size, f"crc32:{crc:08x}"
 
 
-def export(
-    location: str,
-    name: str,
-    to: str,
-    snapshot: int | None = None,
+@dataclass(frozen=True)
+class TableCopy:
+    """What :func:`copy_table` copied: every file with its size and CRC32."""
+
+    files: list[list[Any]]  # [path, size, "crc32:…"]
+    rows: int
+    bytes: int
+
+    @property
+    def checksum(self) -> str:
+        return f"crc32:{zlib.crc32(json.dumps(sorted(self.files)).encode()):08x}"
+
+
+def copy_table(
+    source_uri: str,
+    version: int | None,
+    dest_uri: str,
     *,
-    sink: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    name: str | None = None,
+    description: str | None = None,
     progress: Progress | None = None,
-) -> NamedSnapshot:
-    """Export a committed snapshot of the sink at ``location`` under ``name`` to ``to``."""
+) -> TableCopy:
+    """Copy a Delta table as of ``version`` into a new table at ``dest_uri``: the same
+    files (checked against the log's sizes), partition values and schema, with
+    statistics recomputed from the footers. The new log is written after every file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import DeltaTable
     from deltalake.transaction import AddAction, create_table_with_add_actions
 
     from .sinks.staging import delta_stats
 
-    check_snapshot_name(name)
-    handle = admin.open_sink(location, sink)
-    if name in _registry(handle):
-        raise ConfigError(
-            f"sink {handle.sink_id!r} already has a snapshot named {name!r}; delete it "
-            "first or choose another name"
-        )
-    if handle.target_uri is None:
-        raise ConfigError(f"sink {handle.sink_id!r} has no target yet: nothing to export")
-    uri = _fs.normalize_uri(to)
-    target_root = handle.target_uri.rstrip("/")
-    if uri == target_root or uri.startswith(target_root + "/"):
-        raise ConfigError(f"--to {to}: must not be inside the sink's target {target_root}")
-    fs, root = _fs.filesystem(uri)
-    _prepare_location(fs, root, handle, uri)
-    record, version = _pin(handle, snapshot)
-    store = handle.record_store()
-    allocated, _ = store.update(handle.sink_id, fold_sink, allocate)
-    snapshot_id = allocated.snapshot_id
-    fs.makedirs(root, exist_ok=True)
-    with fs.open(_fs.join(root, EXPORT_MARKER), "w") as f:
-        f.write(json.dumps({"sink_id": handle.sink_id, "snapshot_id": snapshot_id, "name": name}))
-
-    options = dict(handle.storage_options) or None
+    options = dict(storage_options or {}) or None
     try:
-        source = DeltaTable(handle.target_uri, version=version, storage_options=options)
+        source = DeltaTable(source_uri, version=version, storage_options=options)
     except Exception as e:
         raise CorruptSnapshotError(
-            f"the sink's target {handle.target_uri} can no longer be read at version "
-            f"{version} (snapshot {record.snapshot_id}): {e}"
+            f"the table {source_uri} can no longer be read at version {version}: {e}"
         ) from e
     adds = pa.table(source.get_add_actions(flatten=False)).to_pylist()
     if any(a.get("deletionVector") or a.get("deletion_vector") for a in adds):
         raise ConfigError(
-            f"the target at version {version} has deletion vectors: exporting them is not "
+            f"{source_uri} at version {version} has deletion vectors: copying them is not "
             "supported yet"
         )
     total = sum(a["size_bytes"] for a in adds)
     advance = admin.byte_progress(total, progress)
-    src_fs, src_root = _fs.filesystem(handle.target_uri)
+    src_fs, src_root = _fs.filesystem(source_uri)
+    fs, root = _fs.filesystem(dest_uri)
     files, actions, rows = [], [], 0
     for a in adds:
         rel = unquote(a["path"])
-        size, crc = _copy(src_fs, _fs.join(src_root, rel), fs, _fs.join(root, "data", rel), advance)
+        size, crc = _copy(src_fs, _fs.join(src_root, rel), fs, _fs.join(root, rel), advance)
         if size != a["size_bytes"]:
             raise CorruptSnapshotError(
                 f"{rel}: the log says {a['size_bytes']} bytes, the file has {size}"
             )
-        with fs.open(_fs.join(root, "data", rel), "rb") as f:
+        with fs.open(_fs.join(root, rel), "rb") as f:
             footer = pq.ParquetFile(f)
             stats = delta_stats(footer.metadata, footer.schema_arrow)
             rows += footer.metadata.num_rows
@@ -226,37 +289,112 @@ def export(
                 stats,
             )
         )
-    meta = source.metadata()
     create_table_with_add_actions(
-        _fs.join(uri, "data"),
+        dest_uri,
         source.schema(),
         actions,
         mode="error",
-        partition_by=list(meta.partition_columns) or None,
+        partition_by=list(source.metadata().partition_columns) or None,
+        name=name,
+        description=description,
+        storage_options=options,
+    )
+    return TableCopy(files, rows, total)
+
+
+def export(
+    location: str,
+    name: str,
+    to: str,
+    snapshot: int | None = None,
+    *,
+    sink: str | None = None,
+    progress: Progress | None = None,
+    state: str = "auto",
+    spark=None,
+) -> NamedSnapshot:
+    """Export a committed snapshot of the sink at ``location`` under ``name`` to ``to``.
+
+    ``state``: ``auto`` exports the state tables of a stateful query (with
+    ``spark`` or the active SparkSession), ``include`` requires them,
+    ``skip`` leaves them out.
+    """
+    handle = admin.open_sink(location, sink)
+    sink_state = handle.load()
+    _check_name_free(sink_state, name)
+    _check_to(handle, to)
+    session = _state_session(handle, state, spark)
+    record, version = _pin(sink_state, handle.target(), snapshot)
+    return _export_pinned(handle, name, to, record, version, progress=progress, spark=session)
+
+
+def _export_pinned(
+    handle: admin.SinkHandle,
+    name: str,
+    to: str,
+    record: SnapshotRecord,
+    version: int,
+    *,
+    progress: Progress | None = None,
+    spark=None,
+    serving: bool = False,
+    details: Mapping[str, Any] | None = None,
+) -> NamedSnapshot:
+    """Export ``record`` (whose commit made target ``version``): allocate, mark, copy,
+    write the manifest, register last."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    _check_name_free(handle.load(), name, serving=serving)
+    uri = _check_to(handle, to)
+    fs, root = _fs.filesystem(uri)
+    _prepare_location(fs, root, handle, uri)
+    store = handle.record_store()
+    allocated, _ = store.update(handle.sink_id, fold_sink, allocate)
+    snapshot_id = allocated.snapshot_id
+    fs.makedirs(root, exist_ok=True)
+    with fs.open(_fs.join(root, EXPORT_MARKER), "w") as f:
+        f.write(json.dumps({"sink_id": handle.sink_id, "snapshot_id": snapshot_id, "name": name}))
+
+    options = dict(handle.storage_options) or None
+    assert handle.target_uri is not None  # _check_to
+    copied = copy_table(
+        handle.target_uri,
+        version,
+        _fs.join(uri, "data"),
+        storage_options=options,
         name=name,
         description=f"pyspark-txn named snapshot {name!r} of sink {handle.sink_id}, "
         f"batch {record.batch_id} (table version {version})",
-        storage_options=options,
+        progress=progress,
     )
-    data_checksum = f"crc32:{zlib.crc32(json.dumps(sorted(files)).encode()):08x}"
+    state_tables: list[Any] = []
+    if spark is not None and handle.checkpoint is not None:
+        from . import state_export
+
+        state_tables = state_export.export_state(
+            spark, handle.checkpoint, record.batch_id, uri, storage_options=options
+        )
     created = datetime.now(timezone.utc)
     offsets = list(record.source_offsets) or [None]
+    n = len(offsets)
     manifest = pa.table(
         {
-            "source_index": list(range(len(offsets))),
+            "source_index": list(range(n)),
             "source_offset": [json.dumps(o, sort_keys=True) for o in offsets],
-            "name": [name] * len(offsets),
-            "snapshot_id": [snapshot_id] * len(offsets),
-            "of_snapshot_id": [record.snapshot_id] * len(offsets),
-            "batch_id": [record.batch_id] * len(offsets),
-            "sink_id": [handle.sink_id] * len(offsets),
-            "query_id": [record.query_id] * len(offsets),
-            "table_version": [version] * len(offsets),
-            "rows": [rows] * len(offsets),
-            "files": [len(files)] * len(offsets),
-            "bytes": [total] * len(offsets),
-            "data_checksum": [data_checksum] * len(offsets),
-            "created_at": pa.array([created] * len(offsets), pa.timestamp("us", tz="UTC")),
+            "name": [name] * n,
+            "snapshot_id": [snapshot_id] * n,
+            "of_snapshot_id": [record.snapshot_id] * n,
+            "batch_id": [record.batch_id] * n,
+            "sink_id": [handle.sink_id] * n,
+            "query_id": [record.query_id] * n,
+            "table_version": [version] * n,
+            "rows": [copied.rows] * n,
+            "files": [len(copied.files)] * n,
+            "bytes": [copied.bytes] * n,
+            "data_checksum": [copied.checksum] * n,
+            "state_tables": [json.dumps([t.to_json() for t in state_tables])] * n,
+            "created_at": pa.array([created] * n, pa.timestamp("us", tz="UTC")),
         }
     )
     write_deltalake(_fs.join(uri, "manifest"), manifest, mode="error", storage_options=options)
@@ -268,29 +406,184 @@ def export(
         location=uri,
         target_version=version,
         details={
-            "rows": rows,
-            "bytes": total,
-            "files": files,
-            "data_checksum": data_checksum,
+            "rows": copied.rows,
+            "bytes": copied.bytes,
+            "files": copied.files,
+            "data_checksum": copied.checksum,
             "source_offsets": list(record.source_offsets),
             "query_id": record.query_id,
             "target_uri": handle.target_uri,
+            "checkpoint": handle.checkpoint,
+            "stateful": handle.checkpoint is not None
+            and has_state(handle.checkpoint, dict(handle.storage_options)),
+            "state_tables": [t.to_json() for t in state_tables],
+            **(details or {}),
         },
     )
-    _, state = store.update(handle.sink_id, fold_sink, lambda s: register_named(s, entry))
+    _, after = store.update(handle.sink_id, fold_sink, lambda s: register_named(s, entry))
     log.info(
         "sink %s: exported snapshot %r (batch %d, table version %d): %d rows, %d files, "
-        "%d bytes to %s",
+        "%d bytes, %d state tables to %s",
         handle.sink_id,
         name,
         record.batch_id,
         version,
-        rows,
-        len(files),
-        total,
+        copied.rows,
+        len(copied.files),
+        copied.bytes,
+        len(state_tables),
         uri,
     )
-    return state.named[name]
+    return after.named[name]
+
+
+# --- at the next commit, and terminal -----------------------------------------------
+
+
+def request_export(
+    location: str, name: str, to: str, *, sink: str | None = None, state: str = "auto"
+) -> ExportRequest:
+    """Ask the running query's sink to export the batch it commits next.
+
+    The sink exports right after that batch's phase 2, inside its commit, so
+    the cut is exactly that batch. It runs where Spark commits (a Python
+    worker without a SparkSession), so it cannot read state tables: for a
+    stateful query pass ``state="skip"`` or use :func:`stop_and_export`.
+    """
+    if state not in STATE_CHOICES:
+        raise ConfigError(f"state={state!r}: choose one of {', '.join(STATE_CHOICES)}")
+    handle = admin.open_sink(location, sink)
+    sink_state = handle.load()
+    _check_name_free(sink_state, name)
+    uri = _check_to(handle, to)
+    checkpoint = handle.checkpoint
+    if (
+        state != "skip"
+        and checkpoint is not None
+        and has_state(checkpoint, dict(handle.storage_options))
+    ):
+        raise ConfigError(
+            f"the query at {checkpoint} is stateful and a requested export runs inside the "
+            "sink, where no SparkSession can read its state: use stop_and_export (or export "
+            "from a driver), or pass state='skip' (--state skip) to export data and manifest"
+        )
+    if state == "include":
+        raise ConfigError("state=include: a requested export cannot read state tables")
+    _, after = handle.record_store().update(
+        handle.sink_id, fold_sink, lambda s: request_export_event(s, name, uri), sink_state
+    )
+    log.info("sink %s: export %r to %s requested for the next commit", handle.sink_id, name, uri)
+    return after.export_requests[name]
+
+
+def serve_export_requests(
+    handle: admin.SinkHandle, state: SinkState, record: SnapshotRecord, version: int | None
+) -> None:
+    """Run by the sink after a batch's phase 2: export it for every pending request.
+    A failure is recorded (``export_failed``) and never fails the batch."""
+    pinned: tuple[SnapshotRecord, int] | None = (record, version) if version is not None else None
+    for request in sorted(state.export_requests.values(), key=lambda r: r.requested_seq):
+        try:
+            if pinned is None:  # an empty batch made no Delta commit: the last one that did
+                pinned = _pin(handle.load(), handle.target(), None)
+            _export_pinned(
+                handle,
+                request.name,
+                request.location,
+                *pinned,
+                serving=True,
+                details={"requested_seq": request.requested_seq},
+            )
+        except Exception as e:
+            log.error("sink %s: requested export %r failed: %r", handle.sink_id, request.name, e)
+            handle.record_store().update(
+                handle.sink_id,
+                fold_sink,
+                lambda s, name=request.name, error=repr(e): fail_export(s, name, error),
+            )
+
+
+def wait_for_export(
+    location: str,
+    name: str,
+    *,
+    sink: str | None = None,
+    timeout: float | None = None,
+    query=None,
+    poll_s: float = 0.5,
+) -> NamedSnapshot:
+    """Wait until a requested export is registered; raise if it failed, the query
+    stopped first, or ``timeout`` seconds passed."""
+    handle = admin.open_sink(location, sink)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        state = handle.load()
+        if name in state.named:
+            return state.named[name]
+        if name in state.export_failures:
+            raise TxnError(f"the requested export {name!r} failed: {state.export_failures[name]}")
+        if name not in state.export_requests:
+            raise ConfigError(f"sink {handle.sink_id!r} has no export {name!r} requested")
+        if query is not None and not query.isActive:
+            raise TxnError(
+                f"the query stopped before it committed another batch; export {name!r} is "
+                "still requested and runs at the query's next commit"
+            )
+        if deadline is not None and time.monotonic() > deadline:
+            raise TxnError(
+                f"export {name!r} was not taken within {timeout} s: the sink exports at its "
+                "next commit, and no batch committed since the request"
+            )
+        time.sleep(poll_s)
+
+
+def query_checkpoint(query) -> str:
+    """The checkpoint location of a running ``StreamingQuery`` (classic PySpark)."""
+    try:
+        return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
+    except Exception as e:
+        raise ConfigError(
+            "cannot read the query's checkpoint location (Spark Connect?): pass checkpoint="
+        ) from e
+
+
+def stop_and_export(
+    query,
+    name: str,
+    to: str,
+    *,
+    checkpoint: str | None = None,
+    sink: str | None = None,
+    state: str = "auto",
+    spark=None,
+    progress: Progress | None = None,
+) -> NamedSnapshot:
+    """A terminal snapshot: stop ``query``, settle its sink, export its last committed batch.
+
+    Spark interrupts the batch in flight; settling takes the sink's epoch (the
+    stopped run can never record again), finishes phase 2 of a safe record and
+    deletes what unrecorded attempts staged. The export is then the query's
+    last batch; restarted from its checkpoint, the query continues after it.
+    """
+    location = checkpoint or query_checkpoint(query)
+    handle = admin.open_sink(location, sink)
+    _check_name_free(handle.load(), name)
+    _check_to(handle, to)
+    session = _state_session(handle, state, spark)
+    query.stop()
+    admin.settle(location, sink, reason=f"stop_and_export {name!r}")
+    sink_state = handle.load()
+    record, version = _pin(sink_state, handle.target(), None)
+    return _export_pinned(
+        handle,
+        name,
+        to,
+        record,
+        version,
+        progress=progress,
+        spark=session,
+        details={"terminal": True},
+    )
 
 
 # --- verify and delete -----------------------------------------------------------
@@ -387,3 +680,140 @@ def delete(location: str, name: str, sink: str | None = None) -> NamedSnapshot:
             "export marker any more; it was left in place: remove it yourself"
         )
     return replace(entry)
+
+
+# --- start a new query from a snapshot ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class PreparedQuery:
+    """What :func:`prepare_query` made: start a query with these and it resumes there."""
+
+    checkpoint: str
+    path: str
+    batch_id: int  # the snapshot's batch: the new query runs batch_id + 1 next
+    source_offsets: tuple[Any, ...]
+    rows: int
+
+
+def source_offsets(location: str, name: str, sink: str | None = None) -> list[str | None]:
+    """Spark's offset of every source of the snapshot's batch, as JSON (None: no offset).
+
+    For Kafka the string is the source's ``startingOffsets`` JSON; for ``rate`` or
+    file sources it is what their offset log holds.
+    """
+    entry = show(location, name, sink)
+    return [
+        None if o is None else (o if isinstance(o, str) else json.dumps(o, sort_keys=True))
+        for o in entry.details.get("source_offsets") or []
+    ]
+
+
+def kafka_starting_offsets(location: str, name: str, source: int = 0, sink: str | None = None):
+    """The ``startingOffsets`` option that makes a Kafka source begin right after the
+    snapshot's batch: ``{"topic": {"partition": offset}}``, as Spark logged it."""
+    offsets = source_offsets(location, name, sink)
+    if not 0 <= source < len(offsets):
+        raise ConfigError(
+            f"source={source}: snapshot {name!r} has {len(offsets)} source(s), numbered from 0"
+        )
+    raw = offsets[source]
+    parsed = json.loads(raw) if raw else None
+    if not (
+        isinstance(parsed, dict)
+        and parsed
+        and all(
+            isinstance(parts, dict) and all(isinstance(v, int) for v in parts.values())
+            for parts in parsed.values()
+        )
+    ):
+        raise ConfigError(
+            f"source {source} of snapshot {name!r} is not a Kafka source: its offset is {raw}"
+        )
+    return raw
+
+
+def _write_text(fs, path: str, text: str) -> None:
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(path, "w") as f:
+        f.write(text)
+
+
+def _new_location(fs, root: str, option: str, uri: str) -> None:
+    if fs.exists(root) and (not fs.isdir(root) or fs.ls(root, detail=False)):
+        raise ConfigError(f"{option} {uri}: must be a new or empty directory")
+
+
+def prepare_query(
+    location: str,
+    name: str,
+    checkpoint: str,
+    path: str,
+    *,
+    sink: str | None = None,
+    progress: Progress | None = None,
+) -> PreparedQuery:
+    """Make a new query start exactly at a named snapshot.
+
+    Copies the exported data into a new table at ``path`` and writes a Spark
+    checkpoint at ``checkpoint`` whose last committed batch is the snapshot's,
+    with its offsets: a query with the same sources, started with this
+    checkpoint and a ``txn-delta`` sink on ``path``, reads on from there (our
+    sources and JVM ones alike) and continues the table. Stateful queries are
+    refused: Spark cannot load state from the exported tables.
+    """
+    entry = show(location, name, sink)
+    if entry.details.get("stateful") or entry.details.get("state_tables"):
+        raise ConfigError(
+            f"snapshot {name!r} is of a stateful query: its exported state tables can be read "
+            "but Spark cannot start a query from them"
+        )
+    chk_uri, path_uri = _fs.normalize_uri(checkpoint), _fs.normalize_uri(path)
+    chk_fs, chk_root = _fs.filesystem(chk_uri)
+    path_fs, path_root = _fs.filesystem(path_uri)
+    _new_location(chk_fs, chk_root, "checkpoint", chk_uri)
+    _new_location(path_fs, path_root, "path", path_uri)
+    check = verify(location, name, sink)
+    if not check.ok:
+        raise CorruptSnapshotError(
+            f"snapshot {name!r} does not verify: " + "; ".join(check.problems[:5])
+        )
+    copied = copy_table(
+        _fs.join(entry.location, "data"),
+        None,
+        path_uri,
+        name=None,
+        description=f"started from pyspark-txn snapshot {name!r} (batch {entry.batch_id})",
+        progress=progress,
+    )
+    batch = entry.batch_id
+    offsets = entry.details.get("source_offsets") or []
+    lines = [
+        "v1",
+        json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": int(time.time() * 1000)}),
+        *("-" if o is None else (o if isinstance(o, str) else json.dumps(o)) for o in offsets),
+    ]
+    # The lineage first, Spark's logs last: a half-written checkpoint has no commit.
+    _write_text(
+        chk_fs,
+        _fs.join(chk_root, "pyspark_txn", "started_from.json"),
+        json.dumps({**entry.to_json(), "details": None, "from": location}, default=str),
+    )
+    _write_text(chk_fs, _fs.join(chk_root, "metadata"), json.dumps({"id": str(uuid.uuid4())}))
+    if batch > 0:  # Spark reads the batch before the last too (it takes the last's over)
+        _write_text(chk_fs, _fs.join(chk_root, "offsets", str(batch - 1)), "\n".join(lines))
+    _write_text(chk_fs, _fs.join(chk_root, "offsets", str(batch)), "\n".join(lines))
+    _write_text(
+        chk_fs,
+        _fs.join(chk_root, "commits", str(batch)),
+        "v1\n" + json.dumps({"nextBatchWatermarkMs": 0}),
+    )
+    log.info(
+        "prepared a query from snapshot %r: checkpoint %s (next batch %d), table %s (%d rows)",
+        name,
+        chk_uri,
+        batch + 1,
+        path_uri,
+        copied.rows,
+    )
+    return PreparedQuery(chk_uri, path_uri, batch, tuple(offsets), copied.rows)

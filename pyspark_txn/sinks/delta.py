@@ -370,7 +370,22 @@ class DeltaSinkOptions:
             self.sink_id,
             faults=self.faults,
             retain_snapshots=self.retain_snapshots,
+            serve_exports=self._serve_exports,
         )
+
+    def _serve_exports(self, state, record, version) -> None:
+        from .. import snapshots
+        from ..admin import SinkHandle
+
+        handle = SinkHandle(
+            record_table=self.record_table,
+            sink_id=self.sink_id,
+            target_uri=self.path,
+            storage_options=dict(self.storage_options),
+            partition_by=self.partition_by,
+            checkpoint=self.checkpoint_location,
+        )
+        snapshots.serve_export_requests(handle, state, record, version)
 
     def light_committer(self) -> LightCommitter:
         return LightCommitter(self.target(), self.sink_id)

@@ -143,6 +143,7 @@ class TwoPhaseCommitter:
         sweep_every: int = 32,
         retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS,
         summary_window_ids: int = 2 * SETTLE_IDS,
+        serve_exports: Callable[[SinkState, SnapshotRecord, int | None], None] | None = None,
     ) -> None:
         self.store = store
         self.target = target
@@ -153,6 +154,9 @@ class TwoPhaseCommitter:
         self.sweep_every = sweep_every
         self.retain_snapshots = retain_snapshots
         self.summary_window_ids = summary_window_ids
+        # Exports requested for "the next commit" (named snapshots): the target
+        # decides how to export; failures are the exporter's to record.
+        self.serve_exports = serve_exports
 
     def load(self) -> SinkState:
         return self.store.load_sink(self.sink_id)
@@ -267,6 +271,11 @@ class TwoPhaseCommitter:
             (recorded - decided) * 1000,
             (time.perf_counter() - recorded) * 1000,
         )
+        if state.export_requests and self.serve_exports is not None:
+            try:
+                self.serve_exports(state, record, version)
+            except Exception as e:  # the batch is committed; the request records its failure
+                log.warning("sink %s: serving export requests failed: %r", self.sink_id, e)
         if _skipped_ids(previous, snapshot_id) or snapshot_id % self.sweep_every == 0:
             # Attempts allocated since the last record died with this one (or
             # it is time for the periodic sweep that catches files written late
@@ -403,6 +412,33 @@ class TwoPhaseCommitter:
             )
             return
         self.target.discard(snapshot_id, token)
+
+    def settle(self, reason: str) -> SinkState:
+        """Take the sink from the run holding it (a stopped query), finish every safe
+        record and roll back every unrecorded attempt, so nothing staged outlives it.
+
+        The sink's epoch goes to a run of its own, with an id allocated after
+        every attempt of the stopped run: none of them can be recorded any more.
+        A restarted query takes the epoch back as any new run does.
+        """
+        event, state = self._update(allocate)
+        mine = event.snapshot_id
+        run_id = f"settle-{event.payload['token']}"
+        _, state = self._update(lambda s: take_over(s, run_id, mine, s.query_id), state)
+        log.info("sink %s: settling (%s) as run %s", self.sink_id, reason, run_id)
+        state = self._recover(state, state.query_id)
+        withdrawn = [
+            sid
+            for sid in sorted(state.allocations)
+            if sid > state.high_water and sid not in state.abandoned
+        ]
+        for sid in withdrawn:
+            _, state = self._update(lambda s, sid=sid: abandon(s, sid, reason), state)
+        self._sweep(state)
+        for sid in withdrawn:  # the query is stopped (documented): no task can still write
+            self.target.discard(sid, state.allocations[sid])
+            self.target.forget(sid, state.allocations[sid])
+        return state
 
     def abandon(self, snapshot_id: int, reason: str) -> SinkState:
         """Operator's way out of a record whose phase 2 can never succeed.

@@ -237,6 +237,34 @@ class NamedSnapshot:
         )
 
 
+@dataclass(frozen=True)
+class ExportRequest:
+    """An export the sink makes at its next commit, so the cut is that committed batch."""
+
+    name: str
+    location: str
+    requested_seq: int
+    requested_at: datetime | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "location": self.location,
+            "requested_seq": self.requested_seq,
+            "requested_at": self.requested_at.isoformat() if self.requested_at else None,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ExportRequest:
+        at = d.get("requested_at")
+        return cls(
+            name=d["name"],
+            location=d["location"],
+            requested_seq=d["requested_seq"],
+            requested_at=datetime.fromisoformat(at) if at else None,
+        )
+
+
 #: What may name a folder, a Delta app transaction and be typed in a shell: sink
 #: ids and snapshot names alike.
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
@@ -291,6 +319,11 @@ class SinkState:
     committed: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     summary_seq: int = 0  # seq of the last summary: the history before it may be gone
     named: Mapping[str, NamedSnapshot] = field(default_factory=lambda: MappingProxyType({}))
+    # exports waiting for the next commit, and the last failure of each name
+    export_requests: Mapping[str, ExportRequest] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    export_failures: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def snapshot_id(self) -> int:
@@ -448,13 +481,41 @@ class SinkState:
                     Invariant.NAMED_ID_OWN,
                     f"{entry.name!r} names snapshot id {sid}, which was not allocated for it",
                 )
-            return replace(s, named=_frozen({**self.named, entry.name: entry}))
+            return replace(
+                s,
+                named=_frozen({**self.named, entry.name: entry}),
+                export_requests=_without(self.export_requests, entry.name),
+                export_failures=_without(self.export_failures, entry.name),
+            )
+        if e.kind is EventKind.EXPORT_REQUESTED:
+            name = e.payload["name"]
+            if name in self.named or name in self.export_requests:
+                raise _violation(Invariant.NAME_UNIQUE, f"{name!r} requested while taken")
+            request = ExportRequest(name, e.payload["location"], e.seq, e.created_at)
+            return replace(
+                s,
+                export_requests=_frozen({**self.export_requests, name: request}),
+                export_failures=_without(self.export_failures, name),
+            )
+        if e.kind is EventKind.EXPORT_FAILED:
+            name = e.payload["name"]
+            if name not in self.export_requests:
+                raise _violation(Invariant.NAME_UNIQUE, f"{name!r} failed but not requested")
+            return replace(
+                s,
+                export_requests=_without(self.export_requests, name),
+                export_failures=_frozen({**self.export_failures, name: e.payload["error"]}),
+            )
         if e.kind is EventKind.NAME_DELETED:
             name = e.payload.get("name")
             if name not in self.named:
                 raise _violation(Invariant.NAME_UNIQUE, f"{name!r} deleted but not registered")
             return replace(s, named=_frozen({k: v for k, v in self.named.items() if k != name}))
         raise ProtocolViolation(f"{self.sink_id}: event kind {e.kind.value} is not a sink event")
+
+
+def _without(d: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    return d if key not in d else _frozen({k: v for k, v in d.items() if k != key})
 
 
 def _confirms(e: Event) -> dict[int, int | None]:
@@ -527,6 +588,10 @@ def _from_summary(s: SinkState, e: Event, continuing: bool) -> SinkState:
         committed=_frozen({int(k): v for k, v in p["committed"].items()}),
         summary_seq=e.seq,
         named=_frozen({d["name"]: NamedSnapshot.from_json(d) for d in p.get("named", ())}),
+        export_requests=_frozen(
+            {d["name"]: ExportRequest.from_json(d) for d in p.get("export_requests", ())}
+        ),
+        export_failures=_frozen(p.get("export_failures") or {}),
     )
 
 
@@ -851,6 +916,8 @@ def summarize(state: SinkState, retain_snapshots: int, window_ids: int = 2 * SET
             "committed": {str(k): v for k, v in state.committed.items() if k in kept},
             "records": [_record_to_json(kept[k]) for k in sorted(kept)],
             "named": [n.to_json() for n in state.named.values()],
+            "export_requests": [r.to_json() for r in state.export_requests.values()],
+            "export_failures": dict(state.export_failures),
             "summarized_events": state.next_seq - state.summary_seq,
         },
     )
@@ -893,4 +960,41 @@ def delete_named(state: SinkState, name: str) -> Event:
         snapshot_id=entry.snapshot_id,
         query_id=state.query_id,
         payload={"name": name, "location": entry.location},
+    )
+
+
+def request_export(state: SinkState, name: str, location: str) -> Event:
+    """Ask the sink to export its next committed batch under ``name`` to ``location``."""
+    check_snapshot_name(name)
+    if name in state.named:
+        raise TxnError(
+            f"sink {state.sink_id!r}: a snapshot named {name!r} exists (snapshot "
+            f"{state.named[name].snapshot_id}); delete it first or choose another name"
+        )
+    if name in state.export_requests:
+        raise TxnError(
+            f"sink {state.sink_id!r}: an export named {name!r} is already requested (to "
+            f"{state.export_requests[name].location}); it runs at the next commit"
+        )
+    return Event(
+        stream=state.sink_id,
+        seq=state.next_seq,
+        kind=EventKind.EXPORT_REQUESTED,
+        epoch=state.epoch,
+        query_id=state.query_id,
+        payload={"name": name, "location": location},
+    )
+
+
+def fail_export(state: SinkState, name: str, error: str) -> Event | None:
+    """End a requested export that failed (None if it is no longer pending)."""
+    if name not in state.export_requests:
+        return None
+    return Event(
+        stream=state.sink_id,
+        seq=state.next_seq,
+        kind=EventKind.EXPORT_FAILED,
+        epoch=state.epoch,
+        query_id=state.query_id,
+        payload={"name": name, "error": error[:4000]},
     )

@@ -19,10 +19,16 @@ from ..errors import UnsupportedFormatVersion
 
 #: Bumped when the meaning of a column or payload key changes. Readers refuse
 #: newer versions instead of guessing what they mean.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: The format each kind is written with: readers that predate a kind refuse it
 #: by version instead of misreading it (version 1 readers know no summaries).
-_KIND_FORMAT = {"summary": 2, "named": 2, "name_deleted": 2}
+_KIND_FORMAT = {
+    "summary": 2,
+    "named": 2,
+    "name_deleted": 2,
+    "export_requested": 3,
+    "export_failed": 3,
+}
 
 
 class EventKind(str, Enum):
@@ -34,6 +40,8 @@ class EventKind(str, Enum):
     SUMMARY = "summary"  # the fold so far, bounded: the events before it may be deleted
     NAMED = "named"  # a named snapshot was exported and registered (written last)
     NAME_DELETED = "name_deleted"  # a named snapshot was deleted; its name is free again
+    EXPORT_REQUESTED = "export_requested"  # the sink exports at its next commit
+    EXPORT_FAILED = "export_failed"  # a requested export failed; the request is over
     CLAIM = "claim"  # offset log: message ids claimed for one offset
     ACKED = "acked"  # offset log: claims up to an offset were acknowledged
 

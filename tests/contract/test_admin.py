@@ -45,7 +45,7 @@ class SinkDriver:
     def committer(self, faults=None):
         return replace(self.opts, faults=FaultPlan.parse(faults)).committer()
 
-    def batch(self, batch_id, ids, *, faults=None, run_id="run-1"):
+    def batch(self, batch_id, ids, *, faults=None, run_id="run-1", source_offsets=None):
         """Stage ``ids`` under a new allocation and commit them as ``batch_id``."""
         committer = self.committer(faults)
         snapshot_id, token = committer.allocate()
@@ -60,6 +60,7 @@ class SinkDriver:
             handles,
             run_id=run_id,
             query_id="q",
+            source_offsets=source_offsets,
             target_meta={
                 "uri": self.opts.path,
                 "arrow_schema": schema_to_b64(SCHEMA),

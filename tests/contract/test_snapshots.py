@@ -12,8 +12,9 @@ import pytest
 from deltalake import DeltaTable
 from test_admin import SinkDriver, run_cli
 
-from pyspark_txn import snapshots
-from pyspark_txn.errors import ConfigError
+from pyspark_txn import admin, snapshots
+from pyspark_txn.errors import ConfigError, TxnError
+from pyspark_txn.sinks.staging import snapshot_dir
 
 
 @pytest.fixture
@@ -158,3 +159,134 @@ def test_cli_snapshots(sink, tmp_path, capsys):
     assert code == 2 and "--yes" in err  # no terminal to confirm on
     code, out, _ = run_cli(capsys, "snapshots", "delete", sink.chk, "cli", "--yes")
     assert code == 0 and not to.exists()
+
+
+def test_export_requested_at_the_next_commit_cuts_at_that_batch(sink, tmp_path):
+    to = tmp_path / "next"
+    request = snapshots.request_export(sink.chk, "next", str(to))
+    assert request.name == "next" and not to.exists()  # nothing happens until a commit
+    with pytest.raises(ConfigError, match="is requested for the next commit"):
+        snapshots.export(sink.chk, "next", str(tmp_path / "other"))
+    with pytest.raises(ConfigError, match="is requested for the next commit"):
+        snapshots.request_export(sink.chk, "next", str(tmp_path / "other"))
+    sink.batch(4, list(range(40, 50)))
+    named = snapshots.wait_for_export(sink.chk, "next", timeout=5)
+    assert named.batch_id == 4 and named.details["requested_seq"] == request.requested_seq
+    assert ids_of(f"{to}/data") == list(range(50)) and snapshots.verify(sink.chk, "next").ok
+    state = sink.handle().load()
+    assert not state.export_requests and named.target_version == state.committed.get(
+        state.records[4].snapshot_id, named.target_version
+    )
+    # later batches do not export again
+    sink.batch(5, [50])
+    assert [n.name for n in snapshots.list_snapshots(sink.chk)] == ["next"]
+
+
+def test_a_failed_requested_export_is_recorded_and_never_fails_the_batch(sink, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    snapshots.request_export(sink.chk, "bad", str(blocker))
+    sink.batch(4, list(range(40, 50)))  # committed although the export fails
+    assert sink.ids() == list(range(50))
+    with pytest.raises(TxnError, match="requested export 'bad' failed: .*is a file"):
+        snapshots.wait_for_export(sink.chk, "bad", timeout=5)
+    with pytest.raises(TxnError, match="was not taken within"):
+        snapshots.request_export(sink.chk, "late", str(tmp_path / "late"))
+        snapshots.wait_for_export(sink.chk, "late", timeout=0.2, poll_s=0.05)
+
+
+def test_a_request_served_by_an_empty_batch_exports_the_last_commit(sink, tmp_path):
+    snapshots.request_export(sink.chk, "empty", str(tmp_path / "e"))
+    sink.batch(4, [])
+    named = snapshots.wait_for_export(sink.chk, "empty", timeout=5)
+    assert named.batch_id == 3 and ids_of(str(tmp_path / "e" / "data")) == list(range(40))
+
+
+def test_stateful_checkpoints_need_spark_or_state_skip(sink, tmp_path, monkeypatch):
+    state_dir = tmp_path / "chk-a" / "state" / "0" / "0"
+    state_dir.mkdir(parents=True)
+    (state_dir / "1.delta").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="stateful.*state='skip'"):
+        snapshots.request_export(sink.chk, "s", str(tmp_path / "s"))
+    with pytest.raises(ConfigError, match="state='maybe': choose one of auto, include, skip"):
+        snapshots.export(sink.chk, "s", str(tmp_path / "s"), state="maybe")
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+    with pytest.raises(ConfigError, match="is stateful: exporting its state tables needs a Spark"):
+        snapshots.export(sink.chk, "s", str(tmp_path / "s"))
+    named = snapshots.export(sink.chk, "s", str(tmp_path / "s"), state="skip")
+    assert named.details["state_tables"] == []
+    with pytest.raises(ConfigError, match="stateful query"):
+        snapshots.prepare_query(sink.chk, "s", str(tmp_path / "c2"), str(tmp_path / "t2"))
+
+
+def test_settle_finishes_a_safe_record_and_deletes_unrecorded_staging(sink, tmp_path):
+    from test_admin import stuck_after_record
+
+    rec = stuck_after_record(sink, 4, list(range(40, 50)))
+    orphan = sink.committer().allocate()
+    orphan_dir = os.path.join(sink.target, snapshot_dir(sink.sink_id, *orphan))
+    os.makedirs(orphan_dir)
+    with open(os.path.join(orphan_dir, "part-0.parquet"), "wb") as f:
+        f.write(b"half a file")
+    state = admin.settle(sink.chk, reason="test")
+    assert sink.ids() == list(range(50)) and rec.snapshot_id in state.committed
+    assert not os.path.exists(orphan_dir) and orphan[0] in state.abandoned
+    # the query restarts: a new run takes the sink back
+    sink.batch(5, [50], run_id="run-2")
+    assert sink.ids() == list(range(51))
+
+
+def test_kafka_offsets_and_prepare_query_without_spark(tmp_path):
+    driver = SinkDriver(tmp_path, "k")
+    kafka = {"orders": {"0": 17, "1": 4}}
+    driver.batch(0, [0, 1], source_offsets=[kafka, {"index": 2}])
+    snapshots.export(driver.chk, "k0", str(tmp_path / "k0"))
+    assert json.loads(snapshots.kafka_starting_offsets(driver.chk, "k0")) == kafka
+    with pytest.raises(ConfigError, match="source 1 of snapshot 'k0' is not a Kafka source"):
+        snapshots.kafka_starting_offsets(driver.chk, "k0", source=1)
+    with pytest.raises(ConfigError, match="source=2: snapshot 'k0' has 2 source"):
+        snapshots.kafka_starting_offsets(driver.chk, "k0", source=2)
+    prepared = snapshots.prepare_query(
+        driver.chk, "k0", str(tmp_path / "new-chk"), str(tmp_path / "new-table")
+    )
+    assert prepared.batch_id == 0 and prepared.rows == 2
+    assert ids_of(str(tmp_path / "new-table")) == [0, 1]
+    lines = (tmp_path / "new-chk" / "offsets" / "0").read_text().splitlines()
+    assert lines[0] == "v1" and [json.loads(x) for x in lines[2:]] == [kafka, {"index": 2}]
+    assert (tmp_path / "new-chk" / "commits" / "0").read_text().startswith("v1\n")
+    with pytest.raises(ConfigError, match="must be a new or empty directory"):
+        snapshots.prepare_query(driver.chk, "k0", str(tmp_path / "new-chk"), str(tmp_path / "t3"))
+
+
+def test_cli_requests_offsets_and_prepare(sink, tmp_path, capsys):
+    code, out, _ = run_cli(
+        capsys, "snapshots", "export", sink.chk, "req", "--to", tmp_path / "req", "--at-next-commit"
+    )
+    assert code == 0 and "requested req" in out
+    sink.batch(4, [40])
+    code, out, _ = run_cli(capsys, "snapshots", "show", sink.chk, "req")
+    assert code == 0 and "batch 4" in out
+    code, _, err = run_cli(
+        capsys, "snapshots", "export", sink.chk, "w", "--to", tmp_path / "w", "--wait", "1"
+    )
+    assert code == 2 and "--wait needs --at-next-commit" in err
+    code, out, _ = run_cli(capsys, "snapshots", "offsets", sink.chk, "req", "--json")
+    assert code == 0 and json.loads(out) == []
+    code, out, _ = run_cli(
+        capsys,
+        "snapshots",
+        "prepare-query",
+        sink.chk,
+        "req",
+        "--checkpoint",
+        tmp_path / "c",
+        "--path",
+        tmp_path / "p",
+    )
+    assert (
+        code == 0
+        and "resumes after batch 4" in out
+        and ids_of(str(tmp_path / "p")) == list(range(41))
+    )

@@ -48,6 +48,8 @@ class InterleavedRuns(RuleBasedStateMachine):
         self.committer = TwoPhaseCommitter(
             self.store, self.target, SINK, backoff_s=0, sweep_every=3
         )
+        self.committer.serve_exports = self.serve_exports
+        self.requests = 0
         self.runs = [Run(), Run()]
         self.spark_committed = -1  # both runs share one checkpoint
         self.safe_handles: set[str] = set()
@@ -148,6 +150,27 @@ class InterleavedRuns(RuleBasedStateMachine):
         entry = NamedSnapshot(name, event.snapshot_id, -1, -1, f"/x/{name}", None)
         _, state = self.store.update(SINK, fold_sink, lambda s: register_named(s, entry))
         assert state.named[name].snapshot_id == event.snapshot_id
+
+    @rule()
+    def request_export(self):
+        """An export asked of "the next commit": whichever run commits next serves it."""
+        from pyspark_txn.state import fold_sink
+        from pyspark_txn.state.core import request_export
+
+        self.requests += 1
+        name = f"r{self.requests}"
+        self.store.update(SINK, fold_sink, lambda s: request_export(s, name, f"/x/{name}"))
+
+    def serve_exports(self, state, record, version):
+        from pyspark_txn.state import allocate, fold_sink
+        from pyspark_txn.state.core import NamedSnapshot, register_named
+
+        for name in state.export_requests:
+            event, _ = self.store.update(SINK, fold_sink, allocate)
+            entry = NamedSnapshot(
+                name, event.snapshot_id, record.snapshot_id, record.batch_id, f"/x/{name}", version
+            )
+            self.store.update(SINK, fold_sink, lambda s, e=entry: register_named(s, e))
 
     @rule(i=st.integers(0, 1))
     def late_task_file(self, i):

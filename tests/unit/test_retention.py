@@ -6,6 +6,7 @@ import pytest
 from support import MemoryTarget
 
 from pyspark_txn.errors import FencedError, ProtocolViolation
+from pyspark_txn.faults import InjectedFault
 from pyspark_txn.sinks.twophase import TwoPhaseCommitter
 from pyspark_txn.state import (
     EventKind,
@@ -164,3 +165,97 @@ def test_named_snapshots_are_unique_own_ids_and_survive_summaries(sink):
     assert store.events(SINK)[0].kind is EventKind.SUMMARY and "n" in state.named
     _, state = store.update(SINK, fold_sink, lambda s: delete_named(s, "n"))
     assert state.named == {} and fold_sink(SINK, store.events(SINK)).named == {}
+
+
+def test_export_requests_are_served_at_the_next_commit_and_survive_summaries(sink):
+    from pyspark_txn.state import allocate
+    from pyspark_txn.state.core import fail_export, register_named, request_export
+
+    store, target, committer = sink
+    served = []
+
+    def serve(state, record, version):
+        """What the Delta sink does, minus the copy: an own id, then the entry."""
+        for name in sorted(state.export_requests):
+            served.append((name, record.batch_id))
+            if name.startswith("bad"):
+                store.update(SINK, fold_sink, lambda s, n=name: fail_export(s, n, "disk full"))
+                continue
+            event, _ = store.update(SINK, fold_sink, allocate)
+            entry = replace(_named(state, name, event.snapshot_id), batch_id=record.batch_id)
+            store.update(SINK, fold_sink, lambda s, e=entry: register_named(s, e))
+
+    committer.serve_exports = serve
+    run_batches(committer, target, 2)
+    _, state = store.update(SINK, fold_sink, lambda s: request_export(s, "next", "/x/next"))
+    _, state = store.update(SINK, fold_sink, lambda s: request_export(s, "bad", "/x/bad"))
+    assert set(state.export_requests) == {"next", "bad"}
+    with pytest.raises(Exception, match="already requested"):
+        request_export(state, "next", "/x/other")
+    with pytest.raises(ProtocolViolation, match="requested while taken"):
+        state.apply(request_export(replace(state, export_requests={}), "next", "/x/next"))
+    # a summary between the request and the commit keeps it
+    committer._summarize(state)
+    assert set(store.load_sink(SINK).export_requests) == {"next", "bad"}
+    run_batches(committer, target, 1, start=2)
+    state = store.load_sink(SINK)
+    assert served == [("bad", 2), ("next", 2)]
+    assert state.named["next"].batch_id == 2 and not state.export_requests
+    assert state.export_failures == {"bad": "disk full"}
+    with pytest.raises(Exception, match="exists"):
+        request_export(state, "next", "/x/next")
+    # a new request of a failed name starts over; a failing server never fails a batch
+    _, state = store.update(SINK, fold_sink, lambda s: request_export(s, "bad", "/x/bad"))
+    assert "bad" not in state.export_failures
+
+    def broken(state, record, version):
+        raise OSError("exporter crashed")
+
+    committer.serve_exports = broken
+    run_batches(committer, target, 30, start=3)
+    state = store.load_sink(SINK)
+    assert target.rows == list(range(33)) and "bad" in state.export_requests
+    assert store.events(SINK)[0].kind is EventKind.SUMMARY
+    assert fold_sink(SINK, store.events(SINK)).export_requests.keys() == {"bad"}
+
+
+def test_settle_takes_the_sink_and_rolls_back_the_stopped_runs_attempts(sink):
+    store, target, committer = sink
+    run_batches(committer, target, 3)
+    # a batch the "stopped" query staged but never recorded, and one recorded but
+    # never committed (stopped between its record and phase 2)
+    recorded = committer.allocate()
+    target.stage(*recorded, "f-3", [3])
+    committer.faults = _fail_after_record()
+    with pytest.raises(InjectedFault):
+        committer.commit(
+            3, *recorded, [TxnHandle(0, "f-3", 1, 1, "c")], run_id="run-1", query_id="q"
+        )
+    committer.faults = _no_faults()
+    orphan = committer.allocate()
+    target.stage(*orphan, "f-4", [4])
+    state = committer.settle("stop_and_export test")
+    assert target.rows == [0, 1, 2, 3]  # the safe record was finished
+    # nothing staged is left but what records name (committed files live there)
+    assert "f-4" in target.rolled_back
+    assert {sid for sid, _ in target.staged_attempts()} <= {
+        r.snapshot_id for r in state.records.values()
+    }
+    assert orphan[0] in state.abandoned and state.epoch_owner.startswith("settle-")
+    # the stopped run is fenced; a new run takes over and goes on
+    with pytest.raises(FencedError):
+        committer.commit(4, *orphan, [], run_id="run-1", query_id="q")
+    run_batches(committer, target, 2, start=4, run_id="run-2")
+    assert target.rows == list(range(6))
+
+
+def _fail_after_record():
+    from pyspark_txn.faults import FaultPlan
+
+    return FaultPlan.parse("after_record:raise")
+
+
+def _no_faults():
+    from pyspark_txn.faults import NO_FAULTS
+
+    return NO_FAULTS
