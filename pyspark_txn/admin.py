@@ -447,7 +447,7 @@ def _status(
     batch, error = (None, None)
     if rec is not None and handle.target_uri is not None:
         batch, error = target if target is not None else _target_batch(handle)
-    if kind == "pending" and batch is not None and batch >= rec.batch_id:
+    if kind == "pending" and rec is not None and batch is not None and batch >= rec.batch_id:
         # The usual state of the last record: its phase 2 landed and the next
         # record (or a restart's recovery) confirms it in the record table.
         kind = "committed"
@@ -607,6 +607,8 @@ def _table_files(handle: SinkHandle) -> tuple[int, set[str]] | None:
 
     from ._delta import open_table
 
+    if handle.target_uri is None:
+        return None
     dt = open_table(handle.target_uri, dict(handle.storage_options))
     if dt is None:
         return None
@@ -671,7 +673,7 @@ def verify(handle: SinkHandle, progress: Progress | None = None) -> VerifyReport
     """
     state = handle.load()
     records = sorted(state.records.values(), key=lambda r: r.snapshot_id)
-    if not records:
+    if not records or handle.target_uri is None:
         return VerifyReport(handle.sink_id, handle.target_uri)
     fs, root = _fs.filesystem(handle.target_uri)
     target = handle.target()

@@ -131,6 +131,8 @@ def persisted_sink_id(
         fs.rm(tmp)
         raise
     kept = read_sink_file(checkpoint, fs_options)  # a racing first use: the file decides
+    if kept is None:
+        raise ConfigError(f"{checkpoint}: the sink file vanished right after it was written")
     if kept.get("mode", "snapshots") != mode:
         return persisted_sink_id(checkpoint, derived, explicit, fs_options, record_table, mode)
     return kept["sink_id"]

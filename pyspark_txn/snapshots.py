@@ -360,7 +360,8 @@ def _export_pinned(
     _prepare_location(fs, root, handle, uri)
     store = handle.record_store()
     allocated, _ = store.update(handle.sink_id, fold_sink, allocate)
-    snapshot_id = allocated.snapshot_id
+    assert allocated is not None and allocated.snapshot_id is not None  # allocate always appends
+    snapshot_id: int = allocated.snapshot_id
     fs.makedirs(root, exist_ok=True)
     with fs.open(_fs.join(root, EXPORT_MARKER), "w") as f:
         f.write(json.dumps({"sink_id": handle.sink_id, "snapshot_id": snapshot_id, "name": name}))
@@ -505,11 +506,11 @@ def serve_export_requests(
             )
         except Exception as e:
             log.error("sink %s: requested export %r failed: %r", handle.sink_id, request.name, e)
-            handle.record_store().update(
-                handle.sink_id,
-                fold_sink,
-                lambda s, name=request.name, error=repr(e): fail_export(s, name, error),
-            )
+
+            def failed(s: SinkState, name: str = request.name, error: str = repr(e)):
+                return fail_export(s, name, error)
+
+            handle.record_store().update(handle.sink_id, fold_sink, failed)
 
 
 def wait_for_export(

@@ -43,7 +43,7 @@ try:  # PySpark >= 4.1
 except ImportError:  # 4.0: an Arrow writer mixed into the stream writer works there
     from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
 
-    class _WriterBase(DataSourceArrowWriter, DataSourceStreamWriter):  # type: ignore[no-redef]
+    class _WriterBase(DataSourceArrowWriter, DataSourceStreamWriter):  # type: ignore[no-redef,misc]
         pass
 
 
@@ -412,6 +412,12 @@ class TxnCommitMessage(WriterCommitMessage):
     txns: list[dict[str, Any]]
 
 
+def _delta_target(committer: TwoPhaseCommitter) -> DeltaTarget:
+    target = committer.target
+    assert isinstance(target, DeltaTarget)
+    return target
+
+
 def spark_run_id() -> str | None:
     """Spark's ``runId`` of the query run this task belongs to, from the task's local
     properties (StreamExecution sets the job group to it; measured on 4.0-4.3). It is
@@ -496,6 +502,7 @@ class TxnDeltaStreamWriter(_WriterBase):
         from pyspark import TaskContext
 
         worker_logging(self.opts.log_level)
+        assert self._attempt is not None, "the writer was pickled without an attempt"
         snapshot_id, token = self._attempt
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
@@ -562,7 +569,7 @@ class TxnDeltaStreamWriter(_WriterBase):
             source_offsets=offsets,
             query_id=read_query_id(self.opts.checkpoint_location, fs_options),
             query_name=self.opts.query_name,
-            target_meta=self._target_meta(committer.target.base_version()),
+            target_meta=self._target_meta(_delta_target(committer).base_version()),
         )
 
     def abort(self, messages, batchId: int) -> None:

@@ -338,7 +338,7 @@ def _leaf_stats(metadata, ci: int, kind: tuple | None) -> tuple[Any, Any, int | 
         if st is None:  # unknown for one row group: unknown for the file
             return None, None, None
         nulls = nulls + st.null_count if nulls is not None and st.has_null_count else None
-        if not bounded:
+        if not bounded or kind is None:
             continue
         if not st.has_min_max:
             # All null, or all NaN (NaN never counts in parquet bounds): nothing to add.
@@ -416,7 +416,7 @@ def delta_stats(metadata, schema) -> str:
         if n is not None:
             _put(nulls, path, n)
         bounds = 0
-        if lo is not None:
+        if lo is not None and kind is not None:
             for tree, key, is_max in ((mins, lo, False), (maxs, hi, True)):
                 value = _stat_json(kind, key, is_max)
                 if value is not _OMIT:
@@ -444,8 +444,8 @@ class _RollingFile:
         self.buffer: list = []
         self.buffered_rows = 0
         self.buffered_bytes = 0
-        self.writer = None
-        self.file = None
+        self.writer: Any = None  # pq.ParquetWriter of the open file
+        self.file: Any = None
         self.path = ""
         self.file_rows = 0
         self.rel_dir = hive_dir(partition_values)

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from ..errors import CheckpointMismatchError, TxnError
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import (
+    Event,
     Replay,
     SinkState,
     SnapshotKind,
@@ -433,7 +434,11 @@ class TwoPhaseCommitter:
             if sid > state.high_water and sid not in state.abandoned
         ]
         for sid in withdrawn:
-            _, state = self._update(lambda s, sid=sid: abandon(s, sid, reason), state)
+
+            def withdraw(s: SinkState, sid: int = sid) -> Event | None:
+                return abandon(s, sid, reason)
+
+            _, state = self._update(withdraw, state)
         self._sweep(state)
         for sid in withdrawn:  # the query is stopped (documented): no task can still write
             self.target.discard(sid, state.allocations[sid])

@@ -464,6 +464,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if version <= self.schema_version:
             return None
         mode = _mapping_mode(configuration, protocol)
+        change: str | None
         if mode != self.mode:
             change = f"column mapping mode changed from {self.mode!r} to {mode!r}"
         else:
@@ -633,7 +634,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             files.append(f)
         return [DeltaFiles([f]) for f in files]
 
-    def read(self, partition: DeltaFiles):
+    def read(self, partition: DeltaFiles):  # type: ignore[override]  # our partitions
         for f in partition.files:
             yield from self._read_file(f)
 
@@ -658,7 +659,9 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"txn-delta source: data file {f.uri} has no parquet field ids, which column "
                     "mapping mode 'id' needs to resolve its columns"
                 )
-            plan = []  # per stream column: ('part', value) | ('file', i) | ('null',)
+            plan: list[
+                tuple[Any, ...]
+            ] = []  # per stream column: ('part', value) | ('file', i) | ('null',)
             wanted: list[int] = []
             for field, df in zip(self.arrow_schema, self.fields, strict=True):
                 if field.name in values:

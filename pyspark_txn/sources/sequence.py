@@ -116,7 +116,7 @@ class SequenceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, Any]:
         return canonical({"index": self.opts.start})
 
-    def _available(self) -> int:
+    def _available(self) -> float:  # inf: unbounded
         o = self.opts
         avail = float("inf") if o.total_rows is None else o.start + o.total_rows
         if o.rows_per_second is not None:
@@ -157,7 +157,7 @@ class SequenceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             SequenceRange(a, b, self.opts.width) for a, b in zip(bounds, bounds[1:], strict=False)
         ]
 
-    def read(self, partition: SequenceRange):
+    def read(self, partition: SequenceRange):  # type: ignore[override]  # our partitions
         return generate(partition.start, partition.end, partition.width)
 
     def commit(self, end: dict) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..errors import (
     CheckpointMismatchError,
@@ -28,7 +28,16 @@ from .events import Event, EventKind
 
 NO_SNAPSHOT = -1
 
-S = TypeVar("S")
+_T = TypeVar("_T", bound="Foldable")
+
+
+class Foldable(Protocol):
+    """A state that events fold into (a sink's, an offset log's)."""
+
+    def apply(self: _T, e: Event) -> _T: ...
+
+
+S = TypeVar("S", bound=Foldable)
 
 
 class SnapshotKind(str, Enum):
@@ -162,8 +171,8 @@ class SnapshotRecord:
         p = e.payload
         return cls(
             sink_id=e.stream,
-            snapshot_id=e.snapshot_id,
-            batch_id=e.batch_id,
+            snapshot_id=_id(e),
+            batch_id=_batch(e),
             epoch=e.epoch,
             kind=SnapshotKind(p["kind"]),
             txns=tuple(TxnHandle.from_json(t) for t in p["txns"]),
@@ -290,6 +299,19 @@ def check_snapshot_name(name: str) -> str:
     return name
 
 
+def _id(e: Event) -> int:
+    """The snapshot id an event of this kind must carry."""
+    if e.snapshot_id is None:
+        raise ProtocolViolation(f"{e.stream}: {e.kind.value} event #{e.seq} has no snapshot id")
+    return e.snapshot_id
+
+
+def _batch(e: Event) -> int:
+    if e.batch_id is None:
+        raise ProtocolViolation(f"{e.stream}: {e.kind.value} event #{e.seq} has no batch id")
+    return e.batch_id
+
+
 def _frozen(d: Mapping) -> Mapping:
     return MappingProxyType(dict(d))
 
@@ -316,7 +338,7 @@ class SinkState:
     last_record: SnapshotRecord | None = None
     high_water: int = NO_SNAPSHOT
     abandoned: frozenset[int] = frozenset()
-    committed: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+    committed: Mapping[int, int | None] = field(default_factory=lambda: MappingProxyType({}))
     summary_seq: int = 0  # seq of the last summary: the history before it may be gone
     named: Mapping[str, NamedSnapshot] = field(default_factory=lambda: MappingProxyType({}))
     # exports waiting for the next commit, and the last failure of each name
@@ -373,16 +395,15 @@ class SinkState:
                 query_id=e.query_id,
             )
         if e.kind is EventKind.ALLOCATED:
-            if e.snapshot_id <= self.ongoing_snapshot_id:
+            sid = _id(e)
+            if sid <= self.ongoing_snapshot_id:
                 raise _violation(
                     Invariant.IDS_STRICTLY_INCREASE,
-                    f"allocated {e.snapshot_id} after {self.ongoing_snapshot_id}",
+                    f"allocated {sid} after {self.ongoing_snapshot_id}",
                 )
             allocations = dict(self.allocations)
-            allocations[e.snapshot_id] = e.payload.get("token", "")
-            return replace(
-                s, ongoing_snapshot_id=e.snapshot_id, allocations=MappingProxyType(allocations)
-            )
+            allocations[sid] = e.payload.get("token", "")
+            return replace(s, ongoing_snapshot_id=sid, allocations=MappingProxyType(allocations))
         if e.kind is EventKind.SNAPSHOT:
             rec = SnapshotRecord.from_event(e)
             if rec.snapshot_id not in self.allocations or rec.snapshot_id in self.abandoned:
@@ -429,25 +450,26 @@ class SinkState:
                 committed=committed,
             )
         if e.kind is EventKind.COMMITTED:
-            if self.record_for_snapshot(e.snapshot_id) is None:
+            sid = _id(e)
+            if self.record_for_snapshot(sid) is None:
                 raise _violation(
                     Invariant.COMMIT_AFTER_SAFE_RECORD,
-                    f"snapshot {e.snapshot_id} committed without a safe record",
+                    f"snapshot {sid} committed without a safe record",
                 )
-            committed = dict(self.committed)
-            committed[e.snapshot_id] = e.payload.get("target_version")
-            return replace(s, committed=_frozen(committed))
+            return replace(
+                s, committed=_frozen({**self.committed, sid: e.payload.get("target_version")})
+            )
         if e.kind is EventKind.ABANDONED:
-            sid = e.snapshot_id
+            sid = _id(e)
             if sid not in self.allocations or sid in self.abandoned or sid in self.committed:
                 raise _violation(
                     Invariant.ABANDON_ONLY_UNDECIDED,
                     f"snapshot {sid} is not an open allocation or uncommitted record",
                 )
-            rec = self.record_for_snapshot(sid)
-            if rec is None:
+            withdrawn = self.record_for_snapshot(sid)
+            if withdrawn is None:
                 return replace(s, abandoned=self.abandoned | {sid})
-            if rec is not self.last_record:
+            if withdrawn is not self.last_record:
                 raise _violation(
                     Invariant.ABANDON_ONLY_UNDECIDED, f"snapshot {sid} is not the last record"
                 )
@@ -546,8 +568,9 @@ def _record_from_json(sink_id: str, d: Mapping[str, Any]) -> SnapshotRecord:
         batch_id=d["batch_id"],
         query_id=d.get("query_id"),
         payload=d["payload"],
-        **({"created_at": datetime.fromisoformat(created)} if created else {}),
     )
+    if created:
+        event = replace(event, created_at=datetime.fromisoformat(created))
     return SnapshotRecord.from_event(event)
 
 

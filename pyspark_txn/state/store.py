@@ -12,18 +12,16 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import CommitConflict, IndeterminateCommitError
 from . import offset_log as offsets
-from .core import SinkState, fold_sink
+from .core import S, SinkState, fold_sink
 from .core import fold as fold_more
 from .events import Event
 from .offset_log import OffsetLogState, fold_offsets
 
 log = logging.getLogger(__name__)
-
-S = TypeVar("S")
 
 
 class AppendRejected(Exception):
@@ -61,12 +59,15 @@ class EventLog(ABC):
         continued instead of redone (None: never memoize)."""
         return None
 
+    def create_if_missing(self) -> None:  # noqa: B027 - optional
+        """Create the backing table (idempotent); a log that needs no setup does nothing."""
+
 
 class MemoryEventLog(EventLog):
     """In-process backend for pure unit tests of the state core. Not durable."""
 
     def __init__(self) -> None:
-        self._events: dict[str, list[Event]] = {}
+        self._events: dict[str, list[Event | None]] = {}  # None: truncated
         self._lock = threading.Lock()
 
     def append(self, event: Event) -> None:
@@ -145,7 +146,7 @@ class RecordStore:
         with _FOLDS_LOCK:
             memo = _FOLDS.get(memo_key)
         newer = None if memo is None else _newer_than(events, memo[0], memo[1])
-        state = fold(stream, events) if newer is None else fold_more(memo[2], newer)
+        state = fold(stream, events) if memo is None or newer is None else fold_more(memo[2], newer)
         if events:
             with _FOLDS_LOCK:
                 _FOLDS[memo_key] = (events[-1].seq, events[-1].event_id, state)
@@ -160,6 +161,7 @@ class RecordStore:
     def claim(self, source_id: str, message_ids: list[str]) -> tuple[int, list[str]]:
         """Durably bind the not-yet-claimed ids to the next offset: (offset, ids)."""
         event, _ = self.update(source_id, fold_offsets, lambda s: offsets.claim(s, message_ids))
+        assert event is not None  # a claim always appends (possibly of no fresh ids)
         return event.payload["offset"], event.payload["ids"]
 
     def ack(self, source_id: str, through: int) -> None:
