@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 
 from .errors import ConfigError
+from .sources.redis import TxnRedisDataSource
 
 
 class TxnDeltaDataSource(DataSource):
@@ -53,4 +54,4 @@ class TxnSequenceDataSource(DataSource):
         return SequenceStreamReader(SequenceOptions.parse(self.options))
 
 
-ALL_FORMATS = (TxnDeltaDataSource, TxnSequenceDataSource)
+ALL_FORMATS = (TxnDeltaDataSource, TxnSequenceDataSource, TxnRedisDataSource)

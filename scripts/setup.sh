@@ -20,12 +20,16 @@ apt_install() {
 if ! command -v java >/dev/null 2>&1; then
   apt_install openjdk-17-jre-headless
 fi
+# the txn-redis tests start their own redis-server (tests/redis/conftest.py)
+if ! command -v redis-server >/dev/null 2>&1; then
+  apt_install redis-server
+fi
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv || { apt_install python3-venv; "$PYTHON" -m venv .venv; }
 fi
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "WARNING: Location" || true
-.venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v "WARNING: Location" || true
-.venv/bin/python -c "import pyspark_txn, pyspark, deltalake" \
+.venv/bin/python -m pip install -q -e '.[dev,redis]' 2>&1 | grep -v "WARNING: Location" || true
+.venv/bin/python -c "import pyspark_txn, pyspark, deltalake, redis" \
   || { echo "setup: pyspark-txn did not install" >&2; exit 1; }

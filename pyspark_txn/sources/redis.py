@@ -1,0 +1,806 @@
+"""``txn-redis``: Redis Streams consumer groups as an exactly-once Spark source.
+
+The generic part (offsets are claim numbers, claims written safely before
+the offset is returned, replays read the claimed ids, acks only for committed
+batches, dedup of redeliveries) is :mod:`.acknowledging`; this module holds
+only the Redis calls:
+
+- claim: ``XREADGROUP GROUP <group> <consumer> COUNT n STREAMS <s> >``, one
+  stream after the other (rotating) until the batch's budget is spent; with
+  ``blockMs`` a last blocking read over every stream when nothing was there;
+- fetch by id (executors): ``XRANGE <s> <id> <id>``, pipelined;
+- ack: ``XACK``; pending (at start): ``XPENDING <s> <group> - + n <consumer>``;
+  with ``claimIdleMs``: ``XAUTOCLAIM`` of messages idle that long (any
+  consumer's), deduplicated against the claim log like every delivery.
+
+Message ids in the claim log are ``<stream>/<entry id>``. The group is created
+(with ``MKSTREAM``) from ``startId`` when missing. Rows are ``stream``,
+``id`` and the payload: ``fields`` (every field as a string map) with
+``payloadFormat=raw``, or the columns of the declared ``schema`` parsed from
+the JSON document in the field ``jsonField`` with ``payloadFormat=json``.
+
+The claim log is ``claimLog`` or ``<checkpointLocation>/pyspark_txn/claims``
+(see :mod:`.acknowledging`); its stream is ``redis:<group>``. The consumer
+name defaults to ``txn-<hash of the claim log and group>``, stable for as long
+as the claim log stays where it is: after moving a checkpoint set
+``consumer`` to the old name, or messages delivered-but-unclaimed before the
+move stay pending under the old name (``claimIdleMs`` reclaims them).
+
+Every option is checked before anything touches Redis: a bad one is a
+:class:`~pyspark_txn.errors.ConfigError` naming the option and what is
+allowed.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pyspark.sql.datasource import DataSource
+
+from ..errors import ConfigError, SourceError
+from .acknowledging import (
+    AcknowledgingStreamReader,
+    Broker,
+    BrokerConfig,
+    ClaimLogConfig,
+    ack_committed,
+)
+
+log = logging.getLogger(__name__)
+
+FORMAT = "txn-redis"
+REDIS_OPTIONS = {
+    "url": "redis://[user:password@]host:port/db, rediss:// (TLS) or unix:// (required)",
+    "stream": "stream key, or several comma-separated (required)",
+    "group": "consumer group; created from startId when missing (required)",
+    "startId": "where a group this source creates starts: $ (default: new entries only), "
+    "0 (the whole stream) or an entry id",
+    "consumer": "consumer name (default: txn-<hash of the claim log and group>)",
+    "maxMessagesPerBatch": "most messages per micro-batch (default 1000)",
+    "blockMs": "wait this long for new messages when none is there (default 0: never wait)",
+    "claimIdleMs": "also take over messages pending this long at any consumer of the group "
+    "(XAUTOCLAIM; default: off)",
+    "payloadFormat": "raw (default: fields map<string,string>) or json (columns of schema)",
+    "schema": "payloadFormat=json: DDL of the payload columns, e.g. 'user string, n int'",
+    "jsonField": "payloadFormat=json: the field holding the JSON document (default json)",
+    "claimLog": "URI of the claim log (a Delta table)",
+    "checkpointLocation": "the query's checkpoint; the claim log is then "
+    "<checkpointLocation>/pyspark_txn/claims",
+    "claimLogStorageOptions": "JSON object of delta-rs storage options for the claim log",
+    "username": "Redis ACL user (overrides the url's)",
+    "password": "Redis password (overrides the url's)",
+    "sslCaCerts": "rediss: CA bundle file",
+    "sslCertfile": "rediss: client certificate file",
+    "sslKeyfile": "rediss: client key file",
+    "sslCertReqs": "rediss: required (default), optional or none",
+    "sslCheckHostname": "rediss: true (default) or false",
+    "socketTimeoutMs": "Redis socket timeout (default 10000; blockMs is added to it)",
+}
+_OPTION_NAMES = {k.lower(): k for k in REDIS_OPTIONS}
+PAYLOAD_FORMATS = ("raw", "json")
+_ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
+_CHUNK = 1000  # ids per pipelined round trip
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _safe_url(url: str) -> str:
+    """The url without its password, for messages and logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _int(opts: Mapping[str, str], key: str, name: str, default: int | None, minimum: int):
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    try:
+        n = int(str(raw).strip())
+    except ValueError:
+        n = minimum - 1
+    if n < minimum:
+        raise ConfigError(f"{FORMAT}: option {name}={raw!r}: expected an integer >= {minimum}")
+    return n
+
+
+def _bool(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    value = str(raw).strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigError(f"{FORMAT}: option {name}={raw!r}: expected true or false")
+    return value == "true"
+
+
+def _storage_options(raw: str | None) -> tuple[tuple[str, str], ...]:
+    if not raw:
+        return ()
+    try:
+        parsed = json.loads(raw)
+    except ValueError as e:
+        raise ConfigError(
+            f"{FORMAT}: option claimLogStorageOptions is not valid JSON ({e}); expected a JSON "
+            'object of strings, e.g. {"AWS_REGION": "eu-west-1"}'
+        ) from None
+    if not isinstance(parsed, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in parsed.items()
+    ):
+        raise ConfigError(
+            f"{FORMAT}: option claimLogStorageOptions must be a JSON object of string values"
+        )
+    return tuple(sorted(parsed.items()))
+
+
+@dataclass(frozen=True)
+class RedisSourceOptions(BrokerConfig):
+    """Every ``txn-redis`` option, parsed and checked once; picklable (travels to executors)."""
+
+    url: str = field(repr=False)  # may carry a password: describe() shows it without
+    streams: tuple[str, ...]
+    group: str
+    consumer: str
+    claim_log: ClaimLogConfig
+    start_id: str = "$"
+    max_messages_per_batch: int = 1000
+    block_ms: int = 0
+    claim_idle_ms: int | None = None
+    payload_format: str = "raw"
+    payload_ddl: str | None = None
+    json_field: str = "json"
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ssl: tuple[tuple[str, Any], ...] = ()
+    socket_timeout_ms: int = 10_000
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> RedisSourceOptions:
+        opts = {k.lower(): v for k, v in options.items()}
+        unknown = sorted(set(opts) - set(_OPTION_NAMES) - {"path"})
+        if unknown:
+            raise ConfigError(
+                f"{FORMAT}: unknown option(s) {unknown}; allowed: "
+                f"{sorted(REDIS_OPTIONS, key=str.lower)} (case-insensitive)"
+            )
+        url = (opts.get("url") or "").strip()
+        if not url:
+            raise ConfigError(f"{FORMAT}: option url is required ({REDIS_OPTIONS['url']})")
+        try:
+            scheme = urlsplit(url).scheme
+        except ValueError as e:
+            raise ConfigError(f"{FORMAT}: option url={_safe_url(url)!r} is not a URL: {e}") from e
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(
+                f"{FORMAT}: option url={_safe_url(url)!r}: expected a redis://, rediss:// or "
+                "unix:// URL"
+            )
+        streams = tuple(s.strip() for s in (opts.get("stream") or "").split(","))
+        if not any(streams):
+            raise ConfigError(
+                f"{FORMAT}: option stream is required: a stream key or several, comma-separated"
+            )
+        if not all(streams) or len(set(streams)) != len(streams):
+            raise ConfigError(
+                f"{FORMAT}: option stream={opts['stream']!r}: expected distinct, non-empty "
+                "comma-separated stream keys"
+            )
+        group = (opts.get("group") or "").strip()
+        if not group:
+            raise ConfigError(
+                f"{FORMAT}: option group (the consumer group; created when missing) is required"
+            )
+        start_id = (opts.get("startid") or "$").strip()
+        if start_id != "$" and not _ENTRY_ID.match(start_id):
+            raise ConfigError(
+                f"{FORMAT}: option startId={opts['startid']!r}: expected $ (new entries only), "
+                "0 (the whole stream) or an entry id such as 1700000000000-0"
+            )
+        fmt = (opts.get("payloadformat") or "raw").strip().lower()
+        if fmt not in PAYLOAD_FORMATS:
+            raise ConfigError(
+                f"{FORMAT}: option payloadFormat={opts['payloadformat']!r}: expected one of "
+                f"{list(PAYLOAD_FORMATS)}"
+            )
+        ddl = (opts.get("schema") or "").strip() or None
+        if fmt == "json" and ddl is None:
+            raise ConfigError(
+                f"{FORMAT}: payloadFormat=json needs option schema, the DDL of the payload "
+                "columns (e.g. 'user string, amount double')"
+            )
+        if fmt == "raw" and ddl is not None:
+            raise ConfigError(
+                f"{FORMAT}: option schema is only for payloadFormat=json; raw rows are "
+                "stream, id, fields map<string,string>"
+            )
+        if "jsonfield" in opts and fmt != "json":
+            raise ConfigError(f"{FORMAT}: option jsonField is only for payloadFormat=json")
+        json_field = (opts.get("jsonfield") or "json").strip()
+        if not json_field:
+            raise ConfigError(f"{FORMAT}: option jsonField must not be empty")
+        ssl_opts = {
+            "sslcacerts": "ssl_ca_certs",
+            "sslcertfile": "ssl_certfile",
+            "sslkeyfile": "ssl_keyfile",
+            "sslcertreqs": "ssl_cert_reqs",
+            "sslcheckhostname": "ssl_check_hostname",
+        }
+        ssl: dict[str, Any] = {}
+        for key, kw in ssl_opts.items():
+            if key not in opts:
+                continue
+            if scheme != "rediss":
+                raise ConfigError(
+                    f"{FORMAT}: TLS option {_OPTION_NAMES[key]} needs a rediss:// url "
+                    f"(the url is {scheme}://)"
+                )
+            ssl[kw] = opts[key]
+        if "ssl_cert_reqs" in ssl:
+            reqs = str(ssl["ssl_cert_reqs"]).strip().lower()
+            if reqs not in ("required", "optional", "none"):
+                raise ConfigError(
+                    f"{FORMAT}: option sslCertReqs={ssl['ssl_cert_reqs']!r}: expected required, "
+                    "optional or none"
+                )
+            ssl["ssl_cert_reqs"] = reqs
+        if "ssl_check_hostname" in ssl:
+            ssl["ssl_check_hostname"] = _bool(opts, "sslcheckhostname", "sslCheckHostname", True)
+        source_id = f"redis:{group}"
+        claim_log = ClaimLogConfig.locate(
+            FORMAT, opts, source_id, _storage_options(opts.get("claimlogstorageoptions"))
+        )
+        consumer = (opts.get("consumer") or "").strip()
+        if "consumer" in opts and not consumer:
+            raise ConfigError(f"{FORMAT}: option consumer must not be empty")
+        if not consumer:
+            digest = hashlib.sha256(f"{claim_log.uri}\n{source_id}".encode()).hexdigest()
+            consumer = f"txn-{digest[:12]}"
+        return cls(
+            url=url,
+            streams=streams,
+            group=group,
+            consumer=consumer,
+            claim_log=claim_log,
+            start_id=start_id,
+            max_messages_per_batch=_int(
+                opts, "maxmessagesperbatch", "maxMessagesPerBatch", 1000, 1
+            ),
+            block_ms=_int(opts, "blockms", "blockMs", 0, 0),
+            claim_idle_ms=_int(opts, "claimidlems", "claimIdleMs", None, 0),
+            payload_format=fmt,
+            payload_ddl=ddl,
+            json_field=json_field,
+            username=opts.get("username") or None,
+            password=opts.get("password") or None,
+            ssl=tuple(sorted(ssl.items())),
+            socket_timeout_ms=_int(opts, "sockettimeoutms", "socketTimeoutMs", 10_000, 1),
+        )
+
+    # --- schema ------------------------------------------------------------------
+
+    @property
+    def ddl(self) -> str:
+        """The stream's schema as DDL (Spark parses it: DDL of the payload included)."""
+        if self.payload_format == "raw":
+            return "stream string, id string, fields map<string,string>"
+        return f"stream string, id string, {self.payload_ddl}"
+
+    def check_schema(self, schema) -> None:
+        """A schema set with ``.schema()`` must be the one the options describe."""
+        from pyspark.sql.types import MapType, StringType
+
+        names = [f.name for f in schema.fields]
+        ok = names[:2] == ["stream", "id"] and len({n.lower() for n in names}) == len(names)
+        ok = ok and all(isinstance(f.dataType, StringType) for f in schema.fields[:2])
+        if self.payload_format == "raw":
+            ok = ok and len(names) == 3 and names[2] == "fields"
+            ok = ok and schema.fields[2].dataType == MapType(StringType(), StringType())
+        if not ok:
+            raise ConfigError(
+                f"{FORMAT}: the stream's schema must be {self.ddl} (payloadFormat="
+                f"{self.payload_format}); got {schema.simpleString()}: don't set .schema(), "
+                "use the options payloadFormat and schema"
+            )
+
+    def reader(self, schema) -> AcknowledgingStreamReader:
+        from ..sinks.delta import spark_to_arrow_schema
+
+        self.check_schema(schema)
+        arrow_schema = spark_to_arrow_schema(schema)
+        if self.payload_format == "json":
+            for f in list(arrow_schema)[2:]:
+                _converter(f.type, f.name)  # refuse what JSON cannot fill before starting
+        return AcknowledgingStreamReader(
+            FORMAT,
+            self,
+            self.claim_log,
+            arrow_schema,
+            self.max_messages_per_batch,
+            self.block_ms,
+        )
+
+    # --- BrokerConfig ----------------------------------------------------------
+
+    def describe(self) -> str:
+        return f"Redis at {_safe_url(self.url)} (group {self.group!r})"
+
+    def connect(self) -> RedisBroker:
+        return RedisBroker(self)
+
+    def split(self, ids: Sequence[str]) -> list[list[str]]:
+        by_stream: dict[str, list[str]] = {}
+        for m in ids:
+            by_stream.setdefault(m.rsplit("/", 1)[0], []).append(m)
+        return [chunk for group in by_stream.values() for chunk in BrokerConfig.split(self, group)]
+
+    def client(self) -> Any:
+        """A redis-py client (lazy: it connects at its first command)."""
+        try:
+            import redis
+        except ImportError as e:
+            raise ConfigError(f"{FORMAT} needs redis-py: pip install 'pyspark-txn[redis]'") from e
+        kwargs: dict[str, Any] = dict(self.ssl)
+        if self.username is not None:
+            kwargs["username"] = self.username
+        if self.password is not None:
+            kwargs["password"] = self.password
+        timeout = (self.socket_timeout_ms + self.block_ms) / 1000
+        return redis.Redis.from_url(
+            self.url,
+            socket_timeout=timeout,
+            socket_connect_timeout=self.socket_timeout_ms / 1000,
+            decode_responses=False,
+            **kwargs,
+        )
+
+
+def ack_committed_offset(options: Mapping[str, str], end: Mapping | str) -> int:
+    """For sinks: acknowledge the claims of a committed batch, given the reader's options."""
+    opts = RedisSourceOptions.parse(options)
+    return ack_committed(opts, opts.claim_log, end)
+
+
+# --- the broker ---------------------------------------------------------------------------
+
+
+def _split_id(message_id: str) -> tuple[str, str]:
+    stream, _, entry = message_id.rpartition("/")
+    return stream, entry
+
+
+class RedisBroker(Broker):
+    def __init__(self, cfg: RedisSourceOptions) -> None:
+        self.cfg = cfg
+        self._client: Any = None
+        self._targets: dict[str, tuple[int, int]] | None = None  # Trigger.AvailableNow
+        self._drained: set[str] = set()
+        self._cursors: dict[str, str] = {}
+        self._turn = 0
+
+    @property
+    def r(self):
+        if self._client is None:
+            self._client = self.cfg.client()
+        return self._client
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        import redis
+
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            raise SourceError(
+                f"{FORMAT}: cannot reach Redis at {_safe_url(self.cfg.url)} ({what}): {e}"
+            ) from e
+        except redis.RedisError as e:
+            raise SourceError(
+                f"{FORMAT}: Redis at {_safe_url(self.cfg.url)} refused {what}: {e}"
+            ) from e
+
+    def open(self) -> None:
+        import redis
+
+        self._call("PING", self.r.ping)
+        for s in self.cfg.streams:
+            try:
+                self.r.xgroup_create(s, self.cfg.group, id=self.cfg.start_id, mkstream=True)
+                log.info(
+                    "%s: created group %r on stream %r at %s",
+                    FORMAT,
+                    self.cfg.group,
+                    s,
+                    self.cfg.start_id,
+                )
+            except redis.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise SourceError(
+                        f"{FORMAT}: cannot create group {self.cfg.group!r} on stream {s!r} at "
+                        f"{_safe_url(self.cfg.url)}: {e}"
+                    ) from e
+            except (redis.ConnectionError, redis.TimeoutError) as e:
+                raise SourceError(
+                    f"{FORMAT}: cannot reach Redis at {_safe_url(self.cfg.url)}: {e}"
+                ) from e
+
+    def close(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # closing only
+                pass
+            self._client = None
+
+    # --- driver calls ------------------------------------------------------------
+
+    def _read(self, streams: dict[str, str], count: int, block: int | None) -> list[str]:
+        res = self._call(
+            "XREADGROUP",
+            self.r.xreadgroup,
+            self.cfg.group,
+            self.cfg.consumer,
+            streams,
+            count=count,
+            block=block,
+        )
+        out: list[str] = []
+        for name, entries in res or []:
+            s = name.decode()
+            out.extend(f"{s}/{e[0].decode()}" for e in entries)
+            if self._targets is not None and (
+                len(entries) < count
+                or (entries and _entry_key(entries[-1][0].decode()) >= self._targets[s])
+            ):
+                self._drained.add(s)
+        return out
+
+    def claim(self, max_messages: int, block_ms: int) -> list[str]:
+        streams = [s for s in self.cfg.streams if s not in self._drained]
+        if not streams:
+            return []
+        k = self._turn % len(streams)
+        self._turn += 1
+        out: list[str] = []
+        for s in streams[k:] + streams[:k]:
+            want = max_messages - len(out)
+            if want <= 0:
+                break
+            got = self._read({s: ">"}, want, None)
+            if self._targets is not None and not got:
+                self._drained.add(s)
+            out.extend(got)
+        if not out and block_ms > 0 and self._targets is None:
+            per = max(1, max_messages // len(streams))
+            out = self._read({s: ">" for s in streams}, per, block_ms)
+        return out
+
+    def bound_to_now(self) -> None:
+        targets = {}
+        for s in self.cfg.streams:
+            info = self._call("XINFO STREAM", self.r.xinfo_stream, s)
+            last = info["last-generated-id"]
+            targets[s] = _entry_key(last.decode() if isinstance(last, bytes) else str(last))
+            if targets[s] == (0, 0):
+                self._drained.add(s)
+        self._targets = targets
+
+    def pending(self) -> list[str]:
+        out: list[str] = []
+        for s in self.cfg.streams:
+            low = "-"
+            while True:
+                rows = self._call(
+                    "XPENDING",
+                    self.r.xpending_range,
+                    s,
+                    self.cfg.group,
+                    low,
+                    "+",
+                    _CHUNK,
+                    consumername=self.cfg.consumer,
+                )
+                ids = [r["message_id"].decode() for r in rows]
+                out.extend(f"{s}/{i}" for i in ids)
+                if len(ids) < _CHUNK:
+                    break
+                low = f"({ids[-1]}"
+        return out
+
+    def reclaim(self, max_messages: int) -> list[str]:
+        if self.cfg.claim_idle_ms is None:
+            return []
+        out: list[str] = []
+        for s in self.cfg.streams:
+            want = max_messages - len(out)
+            if want <= 0:
+                break
+            res = self._call(
+                "XAUTOCLAIM",
+                self.r.xautoclaim,
+                s,
+                self.cfg.group,
+                self.cfg.consumer,
+                self.cfg.claim_idle_ms,
+                start_id=self._cursors.get(s, "0-0"),
+                count=want,
+            )
+            cursor, entries = res[0], res[1]
+            self._cursors[s] = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
+            out.extend(f"{s}/{e[0].decode()}" for e in entries if e and e[1])
+        return out
+
+    def _ranges(self, ids: Sequence[str]) -> list[tuple[str, list]]:
+        """``XRANGE id id`` for each id, pipelined: (id, entries) in order."""
+        out: list[tuple[str, list]] = []
+        for i in range(0, len(ids), _CHUNK):
+            chunk = ids[i : i + _CHUNK]
+            pipe = self.r.pipeline(transaction=False)
+            for m in chunk:
+                s, entry = _split_id(m)
+                pipe.xrange(s, entry, entry, count=1)
+            res = self._call("XRANGE", pipe.execute)
+            out.extend(zip(chunk, res, strict=True))
+        return out
+
+    def missing(self, ids: Sequence[str]) -> set[str]:
+        return {m for m, entries in self._ranges(ids) if not entries}
+
+    def ack(self, ids: Sequence[str]) -> None:
+        by_stream: dict[str, list[str]] = {}
+        for m in ids:
+            s, entry = _split_id(m)
+            by_stream.setdefault(s, []).append(entry)
+        pipe = self.r.pipeline(transaction=False)
+        for s, entries in by_stream.items():
+            for i in range(0, len(entries), _CHUNK):
+                pipe.xack(s, self.cfg.group, *entries[i : i + _CHUNK])
+        self._call("XACK", pipe.execute)
+
+    # --- executor call -------------------------------------------------------------
+
+    def fetch(self, ids: Sequence[str], arrow_schema) -> Iterator[Any]:
+        import pyarrow as pa
+
+        payload = list(arrow_schema)[2:]
+        if self.cfg.payload_format == "json":
+            convert = _row_converter(payload)
+        for i in range(0, len(ids), _CHUNK):
+            got = self._ranges(ids[i : i + _CHUNK])
+            gone = [m for m, entries in got if not entries]
+            if gone:
+                raise SourceError(
+                    f"{FORMAT}: {len(gone)} claimed messages no longer exist at "
+                    f"{_safe_url(self.cfg.url)} (deleted or trimmed before their batch was "
+                    f"read), e.g. {gone[:5]}: a replay cannot read them again; keep "
+                    "unacknowledged entries in the stream (trim only acknowledged ones)"
+                )
+            msgs, streams, entry_ids, fields = [], [], [], []
+            for m, entries in got:
+                msgs.append(m)
+                s, entry = _split_id(m)
+                streams.append(s)
+                entry_ids.append(entry)
+                fields.append(_decode_fields(m, entries[0][1]))
+            cols = [pa.array(streams, pa.string()), pa.array(entry_ids, pa.string())]
+            if self.cfg.payload_format == "raw":
+                cols.append(pa.array([list(f.items()) for f in fields], type=payload[0].type))
+            else:
+                rows = [
+                    convert(m, _json_document(m, f, self.cfg.json_field))
+                    for m, f in zip(msgs, fields, strict=True)
+                ]
+                for j, fld in enumerate(payload):
+                    try:
+                        cols.append(pa.array([r[j] for r in rows], type=fld.type))
+                    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+                        raise SourceError(f"{FORMAT}: column {fld.name!r} ({fld.type}): {e}") from e
+            yield pa.RecordBatch.from_arrays(cols, schema=arrow_schema)
+
+
+def _decode_fields(message_id: str, raw: Mapping[bytes, bytes]) -> dict[str, str]:
+    try:
+        return {k.decode(): v.decode() for k, v in raw.items()}
+    except UnicodeDecodeError as e:
+        raise SourceError(
+            f"{FORMAT}: message {message_id} has a field that is not UTF-8 text ({e})"
+        ) from e
+
+
+def _json_document(message_id: str, fields: Mapping[str, str], name: str) -> Any:
+    if name not in fields:
+        raise SourceError(
+            f"{FORMAT}: message {message_id} has no field {name!r} (jsonField) to parse; its "
+            f"fields: {sorted(fields)[:10]}"
+        )
+    try:
+        doc = json.loads(fields[name])
+    except ValueError as e:
+        raise SourceError(f"{FORMAT}: message {message_id}: field {name!r} is not JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise SourceError(
+            f"{FORMAT}: message {message_id}: field {name!r} holds a JSON "
+            f"{type(doc).__name__}, expected an object"
+        )
+    return doc
+
+
+# --- JSON values to Arrow values, by the declared type ---------------------------------------
+
+
+class _BadValue(Exception):
+    pass
+
+
+def _converter(t, where: str) -> Callable[[Any], Any]:
+    """A function from a JSON value to what ``pa.array(..., type=t)`` accepts; strict."""
+    import pyarrow as pa
+
+    def need(kinds: tuple[type, ...], what: str) -> Callable[[Any], Any]:
+        def conv(v: Any) -> Any:
+            if v is None:
+                return None
+            if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
+                raise _BadValue(f"{where}: expected {what}, got {json.dumps(v)[:60]}")
+            return v
+
+        return conv
+
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return lambda v: v if v is None or isinstance(v, str) else json.dumps(v)
+    if pa.types.is_boolean(t):
+        return need((bool,), "true or false")
+    if pa.types.is_integer(t):
+        return need((int,), "an integer")
+    if pa.types.is_floating(t):
+        return need((int, float), "a number")
+    if pa.types.is_decimal(t):
+
+        def dec(v: Any) -> Any:
+            if v is None:
+                return None
+            if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+                raise _BadValue(f"{where}: expected a decimal number, got {json.dumps(v)[:60]}")
+            try:
+                return decimal.Decimal(str(v))
+            except decimal.InvalidOperation:
+                raise _BadValue(f"{where}: {v!r} is not a decimal number") from None
+
+        return dec
+    if pa.types.is_date(t):
+
+        def date(v: Any) -> Any:
+            if v is None:
+                return None
+            try:
+                return dt.date.fromisoformat(v)
+            except (TypeError, ValueError):
+                raise _BadValue(
+                    f"{where}: expected an ISO date, got {json.dumps(v)[:60]}"
+                ) from None
+
+        return date
+    if pa.types.is_timestamp(t):
+        aware = t.tz is not None
+
+        def ts(v: Any) -> Any:
+            if v is None:
+                return None
+            try:
+                d = dt.datetime.fromisoformat(v[:-1] + "+00:00" if v.endswith("Z") else v)
+            except (TypeError, ValueError, AttributeError):
+                raise _BadValue(
+                    f"{where}: expected an ISO timestamp, got {json.dumps(v)[:60]}"
+                ) from None
+            if aware and d.tzinfo is None:
+                return d.replace(tzinfo=dt.timezone.utc)  # Spark's Arrow path is UTC
+            if not aware and d.tzinfo is not None:
+                return d.astimezone(dt.timezone.utc).replace(tzinfo=None)
+            return d
+
+        return ts
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+
+        def b64(v: Any) -> Any:
+            if v is None:
+                return None
+            try:
+                return base64.b64decode(v, validate=True)
+            except (TypeError, ValueError):
+                raise _BadValue(
+                    f"{where}: expected base64 text, got {json.dumps(v)[:60]}"
+                ) from None
+
+        return b64
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        item = _converter(t.value_type, f"{where}[]")
+
+        def lst(v: Any) -> Any:
+            if v is None:
+                return None
+            if not isinstance(v, list):
+                raise _BadValue(f"{where}: expected an array, got {json.dumps(v)[:60]}")
+            return [item(x) for x in v]
+
+        return lst
+    if pa.types.is_map(t):
+        if not pa.types.is_string(t.key_type):
+            raise ConfigError(
+                f"{FORMAT}: column {where} is a map with {t.key_type} keys; JSON object keys "
+                "are strings: use map<string,...>"
+            )
+        value = _converter(t.item_type, f"{where}{{}}")
+
+        def mp(v: Any) -> Any:
+            if v is None:
+                return None
+            if not isinstance(v, dict):
+                raise _BadValue(f"{where}: expected an object, got {json.dumps(v)[:60]}")
+            return [(k, value(x)) for k, x in v.items()]
+
+        return mp
+    if pa.types.is_struct(t):
+        fields = [
+            (t.field(i).name, _converter(t.field(i).type, f"{where}.{t.field(i).name}"))
+            for i in range(t.num_fields)
+        ]
+
+        def struct(v: Any) -> Any:
+            if v is None:
+                return None
+            if not isinstance(v, dict):
+                raise _BadValue(f"{where}: expected an object, got {json.dumps(v)[:60]}")
+            return {name: conv(v.get(name)) for name, conv in fields}
+
+        return struct
+    raise ConfigError(
+        f"{FORMAT}: column {where} has type {t}, which payloadFormat=json cannot fill"
+    )
+
+
+def _row_converter(payload) -> Callable[[str, dict], list[Any]]:
+    convs = [(f.name, _converter(f.type, f.name)) for f in payload]
+
+    def convert(message_id: str, doc: dict) -> list[Any]:
+        try:
+            return [conv(doc.get(name)) for name, conv in convs]
+        except _BadValue as e:
+            raise SourceError(f"{FORMAT}: message {message_id}: {e}") from None
+
+    return convert
+
+
+# --- the Spark data source ------------------------------------------------------------------
+
+
+class TxnRedisDataSource(DataSource):
+    """``txn-redis``: Redis Streams consumer group, exactly once through a claim log."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return RedisSourceOptions.parse(self.options).ddl
+
+    def streamReader(self, schema):
+        return RedisSourceOptions.parse(self.options).reader(schema)

@@ -1,0 +1,198 @@
+"""The Redis calls of ``txn-redis`` against a real redis-server (no Spark)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pyarrow as pa
+import pytest
+
+from pyspark_txn.errors import SourceError
+from pyspark_txn.sources.acknowledging import ClaimCoordinator, ack_committed
+from pyspark_txn.sources.redis import RedisSourceOptions, _converter, _row_converter
+
+RAW = pa.schema(
+    [
+        pa.field("stream", pa.string()),
+        pa.field("id", pa.string()),
+        pa.field("fields", pa.map_(pa.string(), pa.string())),
+    ]
+)
+
+
+def options(redis_server, tmp_path, **extra):
+    opts = {
+        "url": redis_server.url,
+        "stream": "s",
+        "group": "g",
+        "startId": "0",
+        "claimLog": str(tmp_path / "claims"),
+        **extra,
+    }
+    return RedisSourceOptions.parse(opts)
+
+
+def opened(o):
+    b = o.connect()
+    b.open()
+    return b
+
+
+def test_the_group_is_created_from_start_id_with_the_stream(redis_server, redis_db, tmp_path):
+    redis_db.xadd("old", {"a": "1"})
+    opened(options(redis_server, tmp_path, stream="new,old", startId="$"))
+    assert redis_db.exists("new")  # MKSTREAM
+    for s in ("new", "old"):
+        (group,) = redis_db.xinfo_groups(s)
+        assert group["name"] == b"g" and group["pending"] == 0
+    b = opened(options(redis_server, tmp_path, stream="new,old", startId="$"))  # exists: fine
+    assert b.claim(10, 0) == []  # '$': what was there before the group is not delivered
+
+
+def test_claims_are_bounded_and_fetch_returns_exactly_the_ids(redis_server, redis_db, tmp_path):
+    a = [redis_db.xadd("a", {"k": f"a{i}"}).decode() for i in range(5)]
+    b_ = [redis_db.xadd("b", {"k": f"b{i}", "x": "é"}).decode() for i in range(5)]
+    b = opened(options(redis_server, tmp_path, stream="a,b"))
+    first = b.claim(7, 0)
+    assert len(first) == 7
+    second = b.claim(7, 0)
+    assert sorted(first + second) == sorted([f"a/{i}" for i in a] + [f"b/{i}" for i in b_])
+    assert b.claim(7, 0) == []
+    assert sorted(b.pending()) == sorted(first + second)
+    want = [second[-1], first[0], first[3]]  # any order, the claim's order is kept
+    (batch,) = list(b.fetch(want, RAW))
+    assert batch.schema == RAW
+    rows = batch.to_pylist()
+    assert [f"{r['stream']}/{r['id']}" for r in rows] == want
+    assert all(dict(r["fields"])["k"].startswith(r["stream"]) for r in rows)
+    b.ack(first)
+    assert sorted(b.pending()) == sorted(second)
+
+
+def test_a_claimed_message_deleted_before_its_read_is_an_error(redis_server, redis_db, tmp_path):
+    ids = [redis_db.xadd("s", {"k": str(i)}).decode() for i in range(3)]
+    b = opened(options(redis_server, tmp_path))
+    got = b.claim(3, 0)
+    redis_db.xdel("s", ids[1])
+    assert b.missing(got) == {f"s/{ids[1]}"}
+    with pytest.raises(SourceError, match="no longer exist.*deleted or trimmed"):
+        list(b.fetch(got, RAW))
+
+
+def test_available_now_stops_at_what_existed(redis_server, redis_db, tmp_path):
+    for i in range(5):
+        redis_db.xadd("s", {"k": str(i)})
+    b = opened(options(redis_server, tmp_path))
+    b.bound_to_now()
+    assert len(b.claim(3, 0)) == 3
+    redis_db.xadd("s", {"k": "late"})
+    redis_db.xadd("s", {"k": "later"})
+    assert len(b.claim(3, 0)) == 3  # one late entry may ride along in the last read
+    assert b.claim(3, 0) == []  # then the stream counts as drained
+
+
+def test_blocking_claim_waits_for_new_messages(redis_server, redis_db, tmp_path):
+    b = opened(options(redis_server, tmp_path, blockMs="200"))
+    assert b.claim(5, 200) == []  # waited ~0.2 s, nothing came
+
+
+def test_idle_messages_of_other_consumers_are_reclaimed(redis_server, redis_db, tmp_path):
+    for i in range(4):
+        redis_db.xadd("s", {"k": str(i)})
+    redis_db.xgroup_create("s", "g", "0")
+    redis_db.xreadgroup("g", "dead-consumer", {"s": ">"}, count=4)
+    b = opened(options(redis_server, tmp_path, claimIdleMs="0"))
+    got = b.reclaim(10)
+    assert len(got) == 4
+    assert sorted(b.pending()) == sorted(got)
+
+
+def test_an_unreachable_broker_is_named_without_its_password(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    o = RedisSourceOptions.parse(
+        {
+            "url": f"redis://u:s3cret@127.0.0.1:{port}/0",
+            "stream": "s",
+            "group": "g",
+            "claimLog": str(tmp_path / "c"),
+            "socketTimeoutMs": "500",
+        }
+    )
+    with pytest.raises(
+        SourceError, match=f"cannot reach Redis at redis://u:\\*\\*\\*@127.0.0.1:{port}/0"
+    ) as e:
+        o.connect().open()
+    assert "s3cret" not in str(e.value)
+
+
+def test_ack_committed_acks_claims_of_a_committed_batch(redis_server, redis_db, tmp_path):
+    for i in range(6):
+        redis_db.xadd("s", {"k": str(i)})
+    o = options(redis_server, tmp_path)
+    c = ClaimCoordinator(o.claim_log.store(), o.claim_log.source_id, opened(o), o.claim_log.uri)
+    e0 = c.latest(-1, 4)
+    e1 = c.latest(e0, 4)  # acks claim 0
+    assert redis_db.xpending("s", "g")["pending"] == 2
+    end = {"claim": e1, "source": "redis:g"}
+    assert ack_committed(o, o.claim_log, end) == e1
+    assert ack_committed(o, o.claim_log, end) == e1  # again: harmless
+    assert redis_db.xpending("s", "g")["pending"] == 0
+    with pytest.raises(SourceError, match="belongs to source 'redis:other'"):
+        ack_committed(o, o.claim_log, {"claim": e1, "source": "redis:other"})
+
+
+def test_json_values_follow_the_declared_types():
+    import decimal
+
+    t = pa.struct(
+        [
+            pa.field("ts", pa.timestamp("us", tz="UTC")),
+            pa.field("d", pa.date32()),
+            pa.field("n", pa.int32()),
+            pa.field("m", pa.map_(pa.string(), pa.int64())),
+            pa.field("tags", pa.list_(pa.string())),
+            pa.field("dec", pa.decimal128(10, 2)),
+            pa.field("raw", pa.binary()),
+        ]
+    )
+    conv = _converter(t, "doc")
+    v = conv(
+        {
+            "ts": "2024-01-02T03:04:05Z",
+            "d": "2024-02-03",
+            "n": 7,
+            "m": {"a": 1},
+            "tags": ["x", 2],
+            "dec": "1.25",
+            "raw": "aGk=",
+            "ignored": True,
+        }
+    )
+    got = pa.array([v, None], type=t).to_pylist()[0]
+    assert got["ts"] == dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    assert got["d"] == dt.date(2024, 2, 3) and got["n"] == 7 and got["m"] == [("a", 1)]
+    assert got["tags"] == ["x", "2"] and got["dec"] == decimal.Decimal("1.25")
+    assert got["raw"] == b"hi"
+    row = _row_converter([pa.field("n", pa.int64())])
+    assert row("s/1-0", {}) == [None]
+    with pytest.raises(SourceError, match='message s/1-0: n: expected an integer, got "7"'):
+        row("s/1-0", {"n": "7"})
+    with pytest.raises(SourceError, match="expected an integer, got true"):
+        row("s/1-0", {"n": True})
+
+
+def test_the_password_option_reaches_redis(redis_server, redis_db, tmp_path):
+    redis_db.config_set("requirepass", "pw-1")
+    try:
+        assert opened(options(redis_server, tmp_path, password="pw-1")).claim(5, 0) == []
+        with pytest.raises(SourceError, match="refused PING|cannot reach Redis") as e:
+            opened(options(redis_server, tmp_path, password="wrong-pw"))
+        assert "wrong-pw" not in str(e.value)
+    finally:
+        admin = type(redis_db).from_url(redis_server.url, password="pw-1")
+        admin.config_set("requirepass", "")
+        admin.close()

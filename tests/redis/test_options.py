@@ -1,0 +1,119 @@
+"""``txn-redis`` options: parsed once, every mistake named before Redis is touched."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from pyspark_txn.errors import ConfigError
+from pyspark_txn.sources.redis import RedisSourceOptions
+
+BASE = {"url": "redis://127.0.0.1:6379/0", "stream": "orders", "group": "g", "claimLog": "/tmp/c"}
+
+
+def parse(**changes):
+    opts = {**BASE, **changes}
+    return RedisSourceOptions.parse({k: v for k, v in opts.items() if v is not None})
+
+
+def test_defaults():
+    o = parse()
+    assert o.streams == ("orders",)
+    assert (o.start_id, o.max_messages_per_batch, o.block_ms, o.claim_idle_ms) == (
+        "$",
+        1000,
+        0,
+        None,
+    )
+    assert o.payload_format == "raw"
+    assert o.ddl == "stream string, id string, fields map<string,string>"
+    assert o.claim_log.uri == "/tmp/c" and o.claim_log.source_id == "redis:g"
+    assert o.consumer.startswith("txn-") and o.consumer == parse().consumer  # stable
+
+
+def test_option_names_are_case_insensitive_and_streams_split():
+    o = RedisSourceOptions.parse(
+        {**BASE, "STREAM": " a, b ,c", "MaxMessagesPerBatch": "7", "blockms": "50"}
+        | {"stream": " a, b ,c"}
+    )
+    assert o.streams == ("a", "b", "c")
+    assert (o.max_messages_per_batch, o.block_ms) == (7, 50)
+
+
+def test_the_claim_log_defaults_to_the_checkpoint():
+    o = parse(claimLog=None, checkpointLocation="/data/chk/")
+    assert o.claim_log.uri == "/data/chk/pyspark_txn/claims"
+    assert o.consumer != parse().consumer  # derived from where the claims live
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"bogus": "1"}, r"unknown option\(s\) \['bogus'\]; allowed: .*'maxMessagesPerBatch'"),
+        ({"url": None}, "option url is required"),
+        ({"url": "http://x"}, "expected a redis://, rediss:// or unix:// URL"),
+        ({"stream": " "}, "option stream is required"),
+        ({"stream": "a,,b"}, "distinct, non-empty"),
+        ({"stream": "a,a"}, "distinct, non-empty"),
+        ({"group": None}, "option group .* is required"),
+        ({"startId": "latest"}, r"startId='latest': expected \$ .*, 0 .* or an entry id"),
+        ({"maxMessagesPerBatch": "0"}, r"maxMessagesPerBatch='0': expected an integer >= 1"),
+        ({"maxMessagesPerBatch": "many"}, "maxMessagesPerBatch='many'"),
+        ({"blockMs": "-1"}, r"blockMs='-1': expected an integer >= 0"),
+        ({"claimIdleMs": "1.5"}, "claimIdleMs='1.5'"),
+        ({"payloadFormat": "avro"}, r"payloadFormat='avro': expected one of \['raw', 'json'\]"),
+        ({"payloadFormat": "json"}, "payloadFormat=json needs option schema"),
+        ({"schema": "a int"}, "option schema is only for payloadFormat=json"),
+        ({"jsonField": "doc"}, "jsonField is only for payloadFormat=json"),
+        ({"claimLog": None}, "option claimLog .* or checkpointLocation .* is required"),
+        ({"claimLogStorageOptions": "{"}, "claimLogStorageOptions is not valid JSON"),
+        ({"sslCaCerts": "/ca.pem"}, "needs a rediss:// url"),
+        (
+            {"url": "rediss://h:1", "sslCertReqs": "maybe"},
+            "sslCertReqs='maybe': expected required, optional or none",
+        ),
+        ({"consumer": " "}, "option consumer must not be empty"),
+    ],
+)
+def test_bad_options_name_the_option_and_what_is_allowed(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        parse(**changes)
+
+
+def test_json_schema_columns():
+    o = parse(payloadFormat="json", schema="user string, n int", jsonField="doc")
+    assert o.ddl == "stream string, id string, user string, n int"
+    assert o.json_field == "doc"
+
+
+def test_the_password_is_never_shown():
+    o = parse(url="redis://u:s3cret@127.0.0.1:1/0", password="other-s3cret")
+    assert "s3cret" not in repr(o) and "s3cret" not in o.describe()
+    assert pickle.loads(pickle.dumps(o)) == o  # travels to executors as plain config
+    with pytest.raises(ConfigError) as e:
+        parse(url="http://u:s3cret@h/0")
+    assert "s3cret" not in str(e.value)
+
+
+def test_a_schema_that_contradicts_the_options_is_refused():
+    from pyspark.sql.types import LongType, MapType, StringType, StructField, StructType
+
+    def schema(*fields):
+        return StructType([StructField(n, t) for n, t in fields])
+
+    good = schema(
+        ("stream", StringType()),
+        ("id", StringType()),
+        ("fields", MapType(StringType(), StringType())),
+    )
+    parse().check_schema(good)
+    with pytest.raises(ConfigError, match="must be stream string, id string, fields"):
+        parse().check_schema(
+            schema(("stream", StringType()), ("id", StringType()), ("x", LongType()))
+        )
+    json_opts = parse(payloadFormat="json", schema="stream long")
+    with pytest.raises(ConfigError, match="don't set .schema()"):
+        json_opts.check_schema(
+            schema(("stream", StringType()), ("id", StringType()), ("Stream", LongType()))
+        )
