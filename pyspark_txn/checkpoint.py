@@ -136,10 +136,3 @@ def persisted_sink_id(
     if kept.get("mode", "snapshots") != mode:
         return persisted_sink_id(checkpoint, derived, explicit, fs_options, record_table, mode)
     return kept["sink_id"]
-
-
-def has_state(checkpoint: str, fs_options=None) -> bool:
-    """Whether the query keeps operator state (``<checkpoint>/state`` holds files)."""
-    fs, root = _fs.filesystem(checkpoint, fs_options)
-    path = _fs.join(root, "state")
-    return fs.exists(path) and bool(fs.find(path, maxdepth=3))

@@ -37,7 +37,6 @@ from typing import Any
 from urllib.parse import unquote
 
 from . import _fs, admin
-from .checkpoint import has_state
 from .errors import ConfigError, CorruptSnapshotError, TxnError
 from .state import SinkState, SnapshotRecord, allocate, fold_sink
 from .state.core import (
@@ -49,6 +48,7 @@ from .state.core import (
     register_named,
 )
 from .state.core import request_export as request_export_event
+from .state_export import has_state
 
 log = logging.getLogger(__name__)
 

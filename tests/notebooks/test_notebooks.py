@@ -1,0 +1,271 @@
+"""The notebooks in notebooks/: each one executed top to bottom (its asserts are the test),
+stored without outputs, and with an install cell that does nothing where pyspark_txn is
+importable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOK_DIR = ROOT / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+CELL_TIMEOUT_S = 300
+KERNEL = "pyspark-txn-tests"
+
+
+def _ids(paths):
+    return [p.stem for p in paths]
+
+
+def _tracked_notebooks() -> list[Path]:
+    """The notebooks git tracks (all of notebooks/ where git is unavailable)."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--", "notebooks/*.ipynb"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+            text=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return NOTEBOOKS
+    tracked = [ROOT / p for p in out.split("\0") if p]
+    return sorted(set(tracked) | set(NOTEBOOKS))
+
+
+def _install_cell(nb) -> str:
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code, "a notebook without code"
+    return code[0].source
+
+
+def test_there_are_notebooks():
+    assert {p.name for p in NOTEBOOKS} >= {
+        "01_quickstart.ipynb",
+        "02_delta_to_delta.ipynb",
+        "03_crash_and_recover.ipynb",
+        "04_named_snapshots.ipynb",
+    }
+
+
+@pytest.mark.parametrize("path", _tracked_notebooks(), ids=_ids(_tracked_notebooks()))
+def test_outputs_are_stripped(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"{path.name}: cell {i} has outputs; strip them"
+            assert cell.execution_count is None, f"{path.name}: cell {i} has an execution count"
+        assert "attachments" not in cell or not cell.attachments, f"{path.name}: cell {i}"
+    assert "widgets" not in nb.metadata, f"{path.name}: widget state in the metadata"
+
+
+class FakeIPython:
+    def __init__(self) -> None:
+        self.magics: list[tuple[str, str]] = []
+
+    def run_line_magic(self, name: str, line: str) -> None:
+        self.magics.append((name, line))
+
+
+def _run_install_cell(source, monkeypatch, *, missing: bool, ipython=None, databricks=False):
+    """Execute an install cell with pip stubbed out; returns the pip commands it ran."""
+    import importlib.util
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "check_call", lambda cmd, *a, **k: calls.append(list(cmd)))
+    if missing:
+        real = importlib.util.find_spec
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *a, **k: None if name == "pyspark_txn" else real(name, *a, **k),
+        )
+    if databricks:
+        monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "17.3")
+    else:
+        monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    namespace: dict = {"__name__": "__notebook__"}
+    if ipython is not None:
+        namespace["get_ipython"] = lambda: ipython
+    exec(compile(source, "<install cell>", "exec"), namespace)
+    return calls
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_install_cell_is_guarded(path, monkeypatch):
+    source = _install_cell(nbformat.read(path, as_version=4))
+    assert 'find_spec("pyspark_txn")' in source, "the first code cell must be the install cell"
+    assert not any(line.lstrip().startswith(("%", "!")) for line in source.splitlines()), (
+        "a bare %pip/!pip line cannot be guarded: it would run unconditionally"
+    )
+
+    # pyspark_txn importable (this venv): nothing is installed, with or without IPython
+    ipython = FakeIPython()
+    assert _run_install_cell(source, monkeypatch, missing=False, ipython=ipython) == []
+    assert ipython.magics == []
+    assert _run_install_cell(source, monkeypatch, missing=False, databricks=True) == []
+
+    # missing, outside IPython: pip of this interpreter
+    calls = _run_install_cell(source, monkeypatch, missing=True)
+    assert calls == [[sys.executable, "-m", "pip", "install", "--quiet", "pyspark-txn"]]
+
+    # missing, in a notebook: %pip, so the notebook's own environment gets it
+    ipython = FakeIPython()
+    assert _run_install_cell(source, monkeypatch, missing=True, ipython=ipython) == []
+    assert ipython.magics == [("pip", "install --quiet pyspark-txn")]
+
+    # missing on Databricks: the runtime's PySpark is kept (no dependencies for pyspark-txn)
+    ipython = FakeIPython()
+    _run_install_cell(source, monkeypatch, missing=True, ipython=ipython, databricks=True)
+    assert ipython.magics[0] == ("pip", "install --quiet --no-deps pyspark-txn")
+    others = [shlex.split(line) for _, line in ipython.magics[1:]]
+    assert others and not any(arg.startswith("pyspark") for args in others for arg in args)
+
+
+@pytest.fixture(scope="module")
+def jupyter_path(tmp_path_factory):
+    """A folder for JUPYTER_PATH with a kernelspec that runs this interpreter (the venv's),
+    with Spark's environment; found before any user or system kernelspec of that name."""
+    root = tmp_path_factory.mktemp("jupyter")
+    spec_dir = root / "kernels" / KERNEL
+    spec_dir.mkdir(parents=True)
+    env = {
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+        "MPLBACKEND": "Agg",
+    }
+    (spec_dir / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "pyspark-txn tests",
+                "language": "python",
+                "env": env,
+            }
+        )
+    )
+    return str(root)
+
+
+def _execute(path: Path, jupyter_path, tmp_path, monkeypatch, *, predefined_spark: str = ""):
+    """Run every cell of the notebook at ``path`` in a fresh kernel; fail on the first error.
+    ``predefined_spark``: code run first, defining ``spark`` as Databricks does."""
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    monkeypatch.setenv("JUPYTER_PATH", jupyter_path)
+    # tempfile.mkdtemp() in the notebook (its WORK) lands in this test's folder
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    nb = nbformat.read(path, as_version=4)
+    if predefined_spark:
+        nb.cells.insert(0, nbformat.v4.new_code_cell(predefined_spark, id="predefined-spark"))
+        nb.cells.append(
+            nbformat.v4.new_code_cell(
+                'assert spark is PREDEFINED_SPARK, "the notebook replaced the predefined spark"',
+                id="same-spark",
+            )
+        )
+    nb.cells.append(
+        nbformat.v4.new_code_cell(
+            f"import sys\nassert sys.executable == {sys.executable!r}, sys.executable",
+            id="same-interpreter",
+        )
+    )
+    # the client owns its kernel manager, so the kernel (and its Spark JVM) stops at the end
+    client = NotebookClient(
+        nb,
+        kernel_name=KERNEL,
+        timeout=CELL_TIMEOUT_S,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    started = time.monotonic()
+    try:
+        client.execute()
+    except CellExecutionError as e:
+        pytest.fail(f"{path.name} failed:\n{e}", pytrace=False)
+    print(f"{path.name}: {time.monotonic() - started:.1f} s")
+    return nb
+
+
+def _printed(nb) -> str:
+    return "".join(
+        out.get("text", "")
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.outputs
+        if out.get("output_type") == "stream"
+    )
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_runs(path, jupyter_path, tmp_path, monkeypatch):
+    """Top to bottom in Jupyter: no `spark` predefined, so pyspark_txn.local_session()."""
+    nb = _execute(path, jupyter_path, tmp_path, monkeypatch)
+    assert "registered:" in _printed(nb), f"{path.name}: the session cell printed nothing"
+
+
+def _spark_connect_available() -> bool:
+    """Whether Spark Connect's client packages are installed (pyspark[connect])."""
+    import importlib.util
+
+    needed = ("pandas", "grpc", "grpc_status", "google.protobuf", "zstandard")
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in needed)
+    except ModuleNotFoundError:  # a parent package (google) is missing
+        return False
+
+
+SPARK_CONNECT_PORT = 15002  # remote("local[...]") starts its server there
+
+
+def _wait_until_free(port: int, timeout_s: float = 60) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) != 0:
+                return
+        if time.monotonic() > deadline:
+            pytest.skip(f"port {port} stays busy: another Spark Connect server runs here")
+        time.sleep(0.5)
+
+
+SPARK_CONNECT = """\
+# As on Databricks serverless or standard (shared) compute: a predefined Spark Connect session
+from pyspark.sql import SparkSession
+
+spark = SparkSession.builder.remote("local[2]").config("spark.sql.shuffle.partitions", "2").getOrCreate()
+PREDEFINED_SPARK = spark
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(
+    not _spark_connect_available(),
+    reason="Spark Connect's client dependencies (pandas, grpcio, ...) are not installed",
+)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_runs_on_predefined_spark_connect_session(
+    path, jupyter_path, tmp_path, monkeypatch
+):
+    """With `spark` predefined (a local Spark Connect server): the notebook must use it, not
+    start a session of its own, and everything must work through Spark Connect."""
+    _wait_until_free(SPARK_CONNECT_PORT)  # the previous notebook's server may still be exiting
+    nb = _execute(path, jupyter_path, tmp_path, monkeypatch, predefined_spark=SPARK_CONNECT)
+    assert "registered:" in _printed(nb)
