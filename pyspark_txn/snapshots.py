@@ -143,23 +143,42 @@ def _check_to(handle: admin.SinkHandle, to: str) -> str:
 
 
 def _pin(state: SinkState, target, snapshot: int | None) -> tuple[SnapshotRecord, int]:
-    """The committed record to export and the target version its commit made."""
+    """The committed record to export and the target version that holds its data.
+
+    A batch that wrote no rows is a snapshot too (its offsets and operator
+    state moved on): it pins the version of the newest earlier batch that
+    made a commit, since the table did not change in between.
+    """
     records = sorted(state.records.values(), key=lambda r: r.snapshot_id, reverse=True)
     if snapshot is not None:
-        records = [r for r in records if r.snapshot_id == snapshot]
-        if not records:
+        ids = [r.snapshot_id for r in records]
+        if snapshot not in ids:
             raise ConfigError(
                 f"sink {state.sink_id!r} has no kept record of snapshot {snapshot} (it was "
                 "never recorded, was abandoned, or retention summarized it away)"
             )
+        records = records[ids.index(snapshot) :]
+    pinned: SnapshotRecord | None = None
     for rec in records:
         version = state.committed.get(rec.snapshot_id)
-        if version is None:
+        if version is None and rec.txns:
             version = target.committed_version(rec)
+        if pinned is None:
+            if version is None and rec.txns:  # its phase 2 has not landed (yet)
+                if snapshot is not None:
+                    raise ConfigError(
+                        f"snapshot {snapshot} of sink {state.sink_id!r} is not committed"
+                    )
+                continue
+            pinned = rec
         if version is not None:
-            return rec, version
-        if snapshot is not None:
-            raise ConfigError(f"snapshot {snapshot} of sink {state.sink_id!r} is not committed")
+            return pinned, version
+    if pinned is not None:
+        raise ConfigError(
+            f"sink {state.sink_id!r}: batch {pinned.batch_id} (snapshot {pinned.snapshot_id}) "
+            "and every kept batch before it wrote no rows: there is no table version to "
+            "export yet"
+        )
     raise ConfigError(f"sink {state.sink_id!r} has no committed snapshot to export yet")
 
 
@@ -495,7 +514,7 @@ def serve_export_requests(
     for request in sorted(state.export_requests.values(), key=lambda r: r.requested_seq):
         try:
             if pinned is None:  # an empty batch made no Delta commit: the last one that did
-                pinned = _pin(handle.load(), handle.target(), None)
+                pinned = _pin(handle.load(), handle.target(), record.snapshot_id)
             _export_pinned(
                 handle,
                 request.name,
@@ -672,7 +691,25 @@ def verify(
             rows += pq.ParquetFile(f).metadata.num_rows
     if not problems and rows != entry.details.get("rows"):
         problems.append(f"{rows} rows in the files, the snapshot says {entry.details.get('rows')}")
+    problems.extend(_check_state_tables(entry))
     return ExportCheck(name, entry.location, rows, len(listed), tuple(problems))
+
+
+def _check_state_tables(entry: NamedSnapshot) -> list[str]:
+    """Each exported state table still reads, with the row count recorded at export."""
+    from deltalake import DeltaTable
+
+    problems = []
+    for table in entry.details.get("state_tables", []):
+        uri = _fs.join(entry.location, table["path"])
+        try:  # counting reads every file's footer: a missing or truncated file fails here
+            rows = DeltaTable(uri).to_pyarrow_dataset().count_rows()
+        except Exception as e:
+            problems.append(f"{table['path']}: unreadable state table: {e}")
+            continue
+        if rows != table["rows"]:
+            problems.append(f"{table['path']}: {rows} rows, the snapshot says {table['rows']}")
+    return problems
 
 
 def delete(location: str, name: str, sink: str | None = None) -> NamedSnapshot:

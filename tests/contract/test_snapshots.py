@@ -195,11 +195,34 @@ def test_a_failed_requested_export_is_recorded_and_never_fails_the_batch(sink, t
         snapshots.wait_for_export(sink.chk, "late", timeout=0.2, poll_s=0.05)
 
 
-def test_a_request_served_by_an_empty_batch_exports_the_last_commit(sink, tmp_path):
+def test_a_request_served_by_an_empty_batch_cuts_at_it_with_the_last_commits_data(sink, tmp_path):
+    before = snapshots.export(sink.chk, "before", str(tmp_path / "b"))
     snapshots.request_export(sink.chk, "empty", str(tmp_path / "e"))
-    sink.batch(4, [])
+    sink.batch(4, [], source_offsets=[{"index": 50}])
     named = snapshots.wait_for_export(sink.chk, "empty", timeout=5)
-    assert named.batch_id == 3 and ids_of(str(tmp_path / "e" / "data")) == list(range(40))
+    # the cut is the empty batch (its offsets moved on); the table did not change
+    assert named.batch_id == 4 and named.details["source_offsets"] == [{"index": 50}]
+    assert named.target_version == before.target_version
+    assert ids_of(str(tmp_path / "e" / "data")) == list(range(40))
+
+
+def test_plain_export_after_empty_batches_pins_the_newest_batch(sink, tmp_path):
+    sink.batch(4, [])
+    sink.batch(5, [])
+    latest = snapshots.export(sink.chk, "latest", str(tmp_path / "l"))
+    assert latest.batch_id == 5 and ids_of(str(tmp_path / "l" / "data")) == list(range(40))
+    four = admin.open_sink(sink.chk).load().last_record.snapshot_id - 1
+    older = snapshots.export(sink.chk, "four", str(tmp_path / "f"), snapshot=four)
+    assert older.batch_id == 4 and older.target_version == latest.target_version
+    assert snapshots.verify(sink.chk, "four").ok
+
+
+def test_a_sink_that_never_wrote_a_row_has_nothing_to_export(tmp_path):
+    empty = SinkDriver(tmp_path, name="empty")
+    empty.batch(0, [])
+    with pytest.raises(ConfigError, match="wrote no rows"):
+        snapshots.export(empty.chk, "none", str(tmp_path / "none"))
+    assert not os.path.exists(tmp_path / "none")
 
 
 def test_stateful_checkpoints_need_spark_or_state_skip(sink, tmp_path, monkeypatch):
