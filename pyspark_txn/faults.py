@@ -24,6 +24,12 @@ POINTS = (
     "after_record",  # record safe, phase 2 not started
     "after_phase2",  # target committed, 'committed' event not written
     "after_commit",  # everything done, Spark's commit log not yet written
+    # acknowledging sources (driver-side reader); batch=N matches the claim number
+    "before_claim",  # broker deliveries taken, claim not written
+    "after_claim",  # claim safe in the claim log, offset not returned to Spark
+    "before_ack",  # committed claims through N about to be acked, none acked yet
+    "mid_ack",  # half of their messages acked at the broker
+    "after_ack",  # all acked at the broker, 'acked' not recorded in the claim log
 )
 ACTIONS = ("raise", "exit")
 EXIT_CODE = 86

@@ -54,6 +54,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from .. import _fs
 from ..errors import ConfigError, SourceError
+from ..faults import NO_FAULTS, FaultPlan
 from ..state import DeltaEventLog, Event, EventKind, OffsetLogState, RecordStore
 from ..state import offset_log as offset_log_events
 from ._common import SupportsTriggerAvailableNow, canonical, limit_rows
@@ -166,39 +167,39 @@ class ClaimLogConfig:
         return RecordStore(DeltaEventLog(self.uri, dict(self.storage_options) or None))
 
 
-class _ClaimIndex:
-    """message id -> claim, built incrementally (the fold keeps claims, not an index)."""
-
-    def __init__(self) -> None:
-        self.of: dict[str, int] = {}
-        self.through = NO_CLAIM
-
-    def update(self, state: OffsetLogState) -> _ClaimIndex:
-        for off in range(self.through + 1, state.last_offset + 1):
-            for i in state.claims.get(off, ()):
-                self.of[i] = off
-        self.through = max(self.through, state.last_offset)
-        return self
-
-
 def _by_claim(state: OffsetLogState, start: int, end: int) -> list[str]:
     return state.ids_between(start, end)
 
 
 def _ack_through(
-    store: RecordStore, source_id: str, broker: Broker, state: OffsetLogState, through: int
+    store: RecordStore,
+    source_id: str,
+    broker: Broker,
+    state: OffsetLogState,
+    through: int,
+    faults: FaultPlan = NO_FAULTS,
 ) -> OffsetLogState:
     """XACK-then-record every claim in ``(acked_through, through]``; idempotent.
 
     The broker is acked first: a crash before the ``acked`` event only repeats
-    an idempotent ack at the next call.
+    an idempotent ack at the next call. (Fault points ``before_ack``, ``mid_ack``
+    and ``after_ack`` match ``@batch=N`` against ``through``, the claim acked through.)
     """
     through = min(through, state.last_offset)
     if through <= state.acked_through:
         return state
     ids = _by_claim(state, state.acked_through, through)
-    if ids:
-        broker.ack(ids)
+    faults.hit("before_ack", through)
+    if ids and any(r.point == "mid_ack" for r in faults.rules):
+        half = max(1, len(ids) // 2)
+        broker.ack(ids[:half])
+        faults.hit("mid_ack", through)
+        ids_left = ids[half:]
+    else:
+        ids_left = ids
+    if ids_left:
+        broker.ack(ids_left)
+    faults.hit("after_ack", through)
 
     def transition(s: OffsetLogState) -> Event | None:
         if s.acked_through >= through:
@@ -254,21 +255,26 @@ class ClaimCoordinator:
     log and the broker after a restart.
     """
 
-    def __init__(self, store: RecordStore, source_id: str, broker: Broker, where: str) -> None:
+    def __init__(
+        self,
+        store: RecordStore,
+        source_id: str,
+        broker: Broker,
+        where: str,
+        faults: FaultPlan = NO_FAULTS,
+    ) -> None:
         self.store = store
         self.source_id = source_id
         self.broker = broker
         self.where = where  # the claim log's location, for messages
-        self.index = _ClaimIndex()
+        self.faults = faults  # tests only
         self.recovered = False
         self.backlog: list[str] = []  # our pending deliveries that no claim holds
         self.bounded = False  # Trigger.AvailableNow
         self.asked_initial = False
 
     def state(self) -> OffsetLogState:
-        s = self.store.load_offsets(self.source_id)
-        self.index.update(s)
-        return s
+        return self.store.load_offsets(self.source_id)
 
     def initial(self) -> int:
         """Where a query without offsets starts: after the last acknowledged claim.
@@ -305,7 +311,7 @@ class ClaimCoordinator:
         """The end of the next batch after ``start`` (claims ``<= start`` are committed)."""
         s = self.state()
         self.check_range(s, start)
-        s = _ack_through(self.store, self.source_id, self.broker, s, start)
+        s = _ack_through(self.store, self.source_id, self.broker, s, start, self.faults)
         if not self.recovered:
             self._recover(s)
             self.recovered = True
@@ -325,7 +331,7 @@ class ClaimCoordinator:
     def commit(self, end: int) -> None:
         s = self.state()
         self.check_range(s, end)
-        _ack_through(self.store, self.source_id, self.broker, s, end)
+        _ack_through(self.store, self.source_id, self.broker, s, end, self.faults)
 
     # --- helpers ---------------------------------------------------------------
 
@@ -350,7 +356,7 @@ class ClaimCoordinator:
         """Once per process: settle what the broker holds for us that the log disagrees on."""
         lost, stale = [], []
         for m in dict.fromkeys(self.broker.pending()):
-            claim = self.index.of.get(m)
+            claim = s.claim_of(m)
             if claim is None:
                 lost.append(m)  # delivered, never claimed: a crash between the two
             elif claim <= s.acked_through:
@@ -387,13 +393,14 @@ class ClaimCoordinator:
 
         def take(ids: list[str]) -> int:
             nonlocal dropped
-            again = [m for m in ids if m in self.index.of]
-            for m in ids:
-                if m not in self.index.of:
+            held = [(m, s.claim_of(m)) for m in ids]
+            again = [(m, c) for m, c in held if c is not None]
+            for m, c in held:
+                if c is None:
                     fresh[m] = None
             if again:
                 dropped += len(again)
-                done = [m for m in again if self.index.of[m] <= s.acked_through]
+                done = [m for m, c in again if c <= s.acked_through]
                 if done:
                     self.broker.ack(done)
             return len(ids)
@@ -432,8 +439,8 @@ class ClaimCoordinator:
                     f"while this reader was about to write claim {expected + 1}: another "
                     "reader with the same claim log and source is running"
                 )
-            # Built here, not with offset_log.claim: that re-checks every id against
-            # every claim ever made (quadratic); the index above already did.
+            # Built here, not with offset_log.claim: _collect already dropped
+            # every id an earlier claim holds.
             return Event(
                 stream=cur.source_id,
                 seq=cur.next_seq,
@@ -441,8 +448,9 @@ class ClaimCoordinator:
                 payload={"offset": expected + 1, "ids": ids},
             )
 
+        self.faults.hit("before_claim", expected + 1)
         _, s = self.store.update(self.source_id, offset_log_events.fold_offsets, transition, s)
-        self.index.update(s)
+        self.faults.hit("after_claim", s.last_offset)
         log.info("%s: claim %d: %d messages", self.source_id, s.last_offset, len(ids))
         return s.last_offset
 
@@ -468,8 +476,10 @@ class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         arrow_schema,
         max_per_batch: int,
         block_ms: int = 0,
+        faults: FaultPlan = NO_FAULTS,
     ) -> None:
         self.fmt = fmt
+        self.faults = faults  # tests only
         self.broker_config = broker
         self.claim_log = claim_log
         self.arrow_schema = arrow_schema
@@ -509,7 +519,7 @@ class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
             broker = self.broker_config.connect()
             broker.open()
             self._coordinator = ClaimCoordinator(
-                RecordStore(log_), self.claim_log.source_id, broker, self.claim_log.uri
+                RecordStore(log_), self.claim_log.source_id, broker, self.claim_log.uri, self.faults
             )
         return self._coordinator
 

@@ -48,6 +48,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pyspark.sql.datasource import DataSource
 
 from ..errors import ConfigError, SourceError
+from ..faults import FaultPlan
 from .acknowledging import (
     AcknowledgingStreamReader,
     Broker,
@@ -85,6 +86,7 @@ REDIS_OPTIONS = {
     "sslCertReqs": "rediss: required (default), optional or none",
     "sslCheckHostname": "rediss: true (default) or false",
     "socketTimeoutMs": "Redis socket timeout (default 10000; blockMs is added to it)",
+    "faultInjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
 }
 _OPTION_NAMES = {k.lower(): k for k in REDIS_OPTIONS}
 PAYLOAD_FORMATS = ("raw", "json")
@@ -174,6 +176,7 @@ class RedisSourceOptions(BrokerConfig):
     password: str | None = field(default=None, repr=False)
     ssl: tuple[tuple[str, Any], ...] = ()
     socket_timeout_ms: int = 10_000
+    faults: FaultPlan = field(default_factory=FaultPlan, repr=False)  # tests only
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> RedisSourceOptions:
@@ -295,6 +298,7 @@ class RedisSourceOptions(BrokerConfig):
             password=opts.get("password") or None,
             ssl=tuple(sorted(ssl.items())),
             socket_timeout_ms=_int(opts, "sockettimeoutms", "socketTimeoutMs", 10_000, 1),
+            faults=FaultPlan.parse(opts.get("faultinjection")),
         )
 
     # --- schema ------------------------------------------------------------------
@@ -338,6 +342,7 @@ class RedisSourceOptions(BrokerConfig):
             arrow_schema,
             self.max_messages_per_batch,
             self.block_ms,
+            self.faults,
         )
 
     # --- BrokerConfig ----------------------------------------------------------
