@@ -9,6 +9,7 @@ from .errors import (
     IndeterminateCommitError,
     ProtocolViolation,
     SourceError,
+    SparkFeatureError,
     TxnError,
     UnsupportedFormatVersion,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "IndeterminateCommitError",
     "ProtocolViolation",
     "SourceError",
+    "SparkFeatureError",
     "TxnError",
     "UnsupportedFormatVersion",
     "__version__",

@@ -51,3 +51,11 @@ class ProtocolViolation(TxnError):
 
 class SourceError(TxnError):
     """A source cannot serve the requested offsets exactly as before."""
+
+
+class SparkFeatureError(TxnError, ImportError):
+    """The installed PySpark lacks a feature pyspark-txn needs (named in the message).
+
+    Features are detected, never inferred from a version number: Databricks
+    runtimes report Spark 3.5 yet ship the Python data source API.
+    """

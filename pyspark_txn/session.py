@@ -10,7 +10,14 @@ log = logging.getLogger(__name__)
 
 
 def register(spark) -> list[str]:
-    """Register every pyspark-txn format with ``spark``; returns their names."""
+    """Register every pyspark-txn format with ``spark``; returns their names.
+
+    Raises :class:`~pyspark_txn.errors.SparkFeatureError` naming what the
+    installed PySpark lacks, before anything is registered.
+    """
+    from .spark_features import require_spark
+
+    require_spark()
     from .formats import ALL_FORMATS
 
     for cls in ALL_FORMATS:
@@ -28,6 +35,9 @@ def local_session(app_name: str = "pyspark-txn", cores: int = 2, **conf: str):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from .spark_features import require_spark
+
+    require_spark()  # before a JVM starts for nothing
     from pyspark.sql import SparkSession
 
     builder = (

@@ -309,7 +309,7 @@ def copy_table(
         files.append([a["path"], size, crc])
         actions.append(
             AddAction(
-                a["path"],
+                rel,  # delta-rs percent-encodes it into the log, as the source log has it
                 size,
                 {k: _partition_string(v) for k, v in (a.get("partition") or {}).items()},
                 int(a["modification_time"]),

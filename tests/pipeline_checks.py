@@ -9,8 +9,30 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from pyspark_txn.sinks.staging import STAGING_ROOT
+from pyspark_txn.sources._common import HAS_ADMISSION_CONTROL
 from pyspark_txn.sources.sequence import expected_rows
 from pyspark_txn.state import DeltaEventLog, RecordStore, check_invariants
+
+
+def run_to_end(writer):
+    """Start ``writer`` (a DataStreamWriter), process everything available, stop; the query.
+
+    ``availableNow`` where PySpark has admission control for Python sources
+    (4.2+). Without it (4.0, 4.1) Spark's ``availableNow`` reads a single batch
+    of a Python source, so the documented alternative runs instead: a
+    processing-time trigger drained with ``processAllAvailable``. Failures
+    raise as from ``awaitTermination``.
+    """
+    if HAS_ADMISSION_CONTROL:
+        q = writer.trigger(availableNow=True).start()
+        q.awaitTermination()
+        return q
+    q = writer.trigger(processingTime="0 seconds").start()
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    return q
 
 
 class PipelineRunner:
@@ -38,13 +60,12 @@ class PipelineRunner:
             w = w.option("faultInjection", faults)
         for k, v in options.items():
             w = w.option(k, v)
-        return w.trigger(availableNow=True)
+        return w
 
     def run(self, faults: str | None = None, **options) -> Exception | None:
         """Run to the end; return the query's failure instead of raising it."""
-        q = self.writer(faults, **options).start()
         try:
-            q.awaitTermination()
+            run_to_end(self.writer(faults, **options))
         except Exception as e:
             return e
         return None

@@ -593,6 +593,8 @@ def spark_to_arrow_schema(spark_schema):
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
 
+    from ..spark_features import utc_arrow_schema_kwargs
+
     fields = []
     for f in spark_schema.fields:
         if "variant" in f.dataType.simpleString():
@@ -601,7 +603,7 @@ def spark_to_arrow_schema(spark_schema):
                 "write VARIANT yet; convert it first, e.g. to_json(col)"
             )
         try:
-            fields.append(to_arrow_schema(StructType([f]), timezone="UTC").field(0))
+            fields.append(to_arrow_schema(StructType([f]), **utc_arrow_schema_kwargs()).field(0))
         except Exception as e:
             raise ConfigError(
                 f"column {f.name!r} has type {f.dataType.simpleString()}, which cannot be "

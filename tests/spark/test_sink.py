@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 from deltalake import DeltaTable
+from pipeline_checks import run_to_end
 
 from pyspark_txn.checkpoint import read_query_id
 
@@ -65,15 +66,12 @@ def test_partitioned_table(pipeline, spark):
         .load()
         .selectExpr("id", "value", "cast(id % 3 as string) as bucket")
     )
-    q = (
+    run_to_end(
         df.writeStream.format("txn-delta")
         .option("path", pipeline.target)
         .option("checkpointLocation", pipeline.checkpoint)
         .option("partitionBy", "bucket")
-        .trigger(availableNow=True)
-        .start()
     )
-    q.awaitTermination()
     dt = DeltaTable(pipeline.target)
     assert dt.metadata().partition_columns == ["bucket"]
     for bucket in "012":
