@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up, start the servers the tests need (none yet: every test runs on local
-# Delta tables and a local Spark), lint, and run the whole test suite.
+# Set up, lint, and run the whole test suite; the fixtures start the servers the
+# tests need (redis-server, PostgreSQL: Debian's packages, installed by setup.sh)
+# on loopback in temp dirs. Then the PySpark version matrix (scripts/spark_matrix.sh).
 # Exit 5 from pytest (no tests collected) is a failure of the project.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,5 +15,10 @@ rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test.sh: pytest collected no tests: that is a failure" >&2
   exit 1
+fi
+# The PySpark version matrix (4.0 subset, 3.5 refused clearly) with the full run only:
+# arguments select tests of the default environment. SPARK_MATRIX=0 skips it.
+if [ $# -eq 0 ] && [ "${SPARK_MATRIX:-1}" != 0 ]; then
+  bash scripts/spark_matrix.sh || { [ "$rc" -ne 0 ] || rc=1; }
 fi
 exit "$rc"

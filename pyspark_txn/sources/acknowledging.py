@@ -57,7 +57,7 @@ from ..errors import ConfigError, SourceError
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import DeltaEventLog, Event, EventKind, OffsetLogState, RecordStore
 from ..state import offset_log as offset_log_events
-from ._common import SupportsTriggerAvailableNow, canonical, limit_rows
+from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order, limit_rows
 
 log = logging.getLogger(__name__)
 
@@ -533,16 +533,18 @@ class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, Any]:
         c = self.coordinator()
-        if start is not None:
-            begin = self._claim_of(start)
-        elif self._last is not None:
-            begin = self._last
-        else:
-            begin = c.initial()
         cap = self.max_per_batch
         by_limit = limit_rows(limit)
         if by_limit is not None:
             cap = max(1, min(cap, by_limit))
+        if start is not None:
+            begin = self._claim_of(start)
+        elif self._last is not None:
+            # PySpark < 4.2 passes no start: where this process planned last (a
+            # restarted query re-plans its last batch first, see partitions)
+            begin = self._last
+        else:
+            begin = c.initial()
         end = c.latest(begin, cap, self.block_ms)
         self._last = end
         return self._offset(end)
@@ -554,6 +556,8 @@ class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
 
     def partitions(self, start: dict, end: dict) -> list[ClaimedIds]:
         lo, hi = self._claim_of(start), self._claim_of(end)
+        check_batch_order(self.fmt, lo, hi)
+        self._last = hi
         ids = self.coordinator().ids(lo, hi)
         return [ClaimedIds(chunk) for chunk in self.broker_config.split(ids) if chunk]
 

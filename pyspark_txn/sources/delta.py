@@ -44,7 +44,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from .. import _fs
 from ..errors import ConfigError, SourceError
 from ..sinks.delta import spark_to_arrow_schema
-from ._common import SupportsTriggerAvailableNow, canonical
+from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order
 from ._deletion_vectors import load_deletion_vector
 from ._partition_values import DECIMAL_TYPE, INTEGRAL_TYPES, parse_partition_value, type_name
 
@@ -601,6 +601,8 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             version, index, snap = version + 1, 0, False
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        # PySpark < 4.2 passes no start: where this process planned last (a restarted
+        # query re-plans its last batch first, see partitions), else the initial offset
         start = start or self.current or self.initialOffset()
         latest = self.opts.table().version()
         if self.target_version is not None:
@@ -623,6 +625,12 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target_version = self.opts.table().version()
 
     def partitions(self, start: dict, end: dict) -> list[DeltaFiles]:
+        check_batch_order(
+            "txn-delta source",
+            (start["version"], start["index"]),
+            (end["version"], end["index"]),
+        )
+        self.current = canonical(end)
         stop = (end["version"], end["index"], end["snapshot"])
         last = end["version"] if end["index"] or end["snapshot"] else end["version"] - 1
         files = []

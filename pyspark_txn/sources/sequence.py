@@ -15,7 +15,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from ..errors import ConfigError
-from ._common import SupportsTriggerAvailableNow, canonical, limit_rows
+from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order, limit_rows
 
 SEQUENCE_OPTIONS = {
     "rowsperbatch": "most rows per micro-batch (default 10000)",
@@ -111,7 +111,8 @@ class SequenceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self.started_at = time.monotonic()
         self.target: int | None = None  # set by Trigger.AvailableNow
-        self.current = opts.start  # for PySpark versions that call latestOffset()
+        # where this process last planned up to; None until then (see latestOffset)
+        self.current: int | None = None
 
     def initialOffset(self) -> dict[str, Any]:
         return canonical({"index": self.opts.start})
@@ -133,7 +134,12 @@ class SequenceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.opts.rows_per_batch) if HAS_ADMISSION_CONTROL else None
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, Any]:
-        begin = start["index"] if start is not None else self.current
+        # PySpark < 4.2 passes no start: where this process planned last (a restarted
+        # query re-plans its last batch first, see partitions), else where it begins
+        if start is not None:
+            begin = start["index"]
+        else:
+            begin = self.opts.start if self.current is None else self.current
         cap = self.opts.rows_per_batch
         by_limit = limit_rows(limit)
         if by_limit is not None:
@@ -145,12 +151,13 @@ class SequenceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         avail = self._available()
-        self.target = (
-            int(avail) if avail != float("inf") else self.current + self.opts.rows_per_batch
-        )
+        here = self.opts.start if self.current is None else self.current
+        self.target = int(avail) if avail != float("inf") else here + self.opts.rows_per_batch
 
     def partitions(self, start: dict, end: dict) -> list[SequenceRange]:
         lo, hi = start["index"], end["index"]
+        check_batch_order("txn-sequence", lo, hi)
+        self.current = hi
         n = self.opts.num_partitions
         bounds = [lo + (hi - lo) * k // n for k in range(n + 1)]
         return [

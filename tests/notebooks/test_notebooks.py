@@ -78,19 +78,19 @@ class FakeIPython:
         self.magics.append((name, line))
 
 
-def _run_install_cell(source, monkeypatch, *, missing: bool, ipython=None, databricks=False):
-    """Execute an install cell with pip stubbed out; returns the pip commands it ran."""
+def _run_install_cell(source, monkeypatch, *, missing=(), ipython=None, databricks=False):
+    """Execute an install cell with pip stubbed out, as if the ``missing`` packages were
+    not importable; returns the pip commands it ran."""
     import importlib.util
 
     calls: list[list[str]] = []
     monkeypatch.setattr(subprocess, "check_call", lambda cmd, *a, **k: calls.append(list(cmd)))
-    if missing:
-        real = importlib.util.find_spec
-        monkeypatch.setattr(
-            importlib.util,
-            "find_spec",
-            lambda name, *a, **k: None if name == "pyspark_txn" else real(name, *a, **k),
-        )
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a, **k: None if name in missing else real(name, *a, **k),
+    )
     if databricks:
         monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "17.3")
     else:
@@ -112,25 +112,29 @@ def test_install_cell_is_guarded(path, monkeypatch):
 
     # pyspark_txn importable (this venv): nothing is installed, with or without IPython
     ipython = FakeIPython()
-    assert _run_install_cell(source, monkeypatch, missing=False, ipython=ipython) == []
+    assert _run_install_cell(source, monkeypatch, ipython=ipython) == []
     assert ipython.magics == []
-    assert _run_install_cell(source, monkeypatch, missing=False, databricks=True) == []
+    assert _run_install_cell(source, monkeypatch, databricks=True) == []
 
-    # missing, outside IPython: pip of this interpreter
-    calls = _run_install_cell(source, monkeypatch, missing=True)
+    # missing where Spark is installed (a cluster, Databricks): pyspark-txn alone, so the
+    # runtime's PySpark is kept; outside IPython through this interpreter's pip
+    calls = _run_install_cell(source, monkeypatch, missing={"pyspark_txn"})
     assert calls == [[sys.executable, "-m", "pip", "install", "--quiet", "pyspark-txn"]]
-
-    # missing, in a notebook: %pip, so the notebook's own environment gets it
     ipython = FakeIPython()
-    assert _run_install_cell(source, monkeypatch, missing=True, ipython=ipython) == []
+    _run_install_cell(
+        source, monkeypatch, missing={"pyspark_txn"}, ipython=ipython, databricks=True
+    )
     assert ipython.magics == [("pip", "install --quiet pyspark-txn")]
 
-    # missing on Databricks: the runtime's PySpark is kept (no dependencies for pyspark-txn)
+    # missing, PySpark too (a fresh Jupyter): %pip, so the notebook's own environment gets both
     ipython = FakeIPython()
-    _run_install_cell(source, monkeypatch, missing=True, ipython=ipython, databricks=True)
-    assert ipython.magics[0] == ("pip", "install --quiet --no-deps pyspark-txn")
-    others = [shlex.split(line) for _, line in ipython.magics[1:]]
-    assert others and not any(arg.startswith("pyspark") for args in others for arg in args)
+    calls = _run_install_cell(
+        source, monkeypatch, missing={"pyspark_txn", "pyspark"}, ipython=ipython
+    )
+    assert calls == []
+    lines = [shlex.split(line) for name, line in ipython.magics if name == "pip"]
+    assert lines[0] == ["install", "--quiet", "pyspark-txn"]
+    assert any(arg.startswith("pyspark>=") for args in lines[1:] for arg in args), lines
 
 
 @pytest.fixture(scope="module")

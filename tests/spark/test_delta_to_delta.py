@@ -8,6 +8,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from pipeline_checks import run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -21,12 +22,11 @@ def run(spark, src, dst, chk, faults=None):
         .writeStream.format("txn-delta")
         .option("path", dst)
         .option("checkpointLocation", chk)
-        .trigger(availableNow=True)
     )
     if faults:
         w = w.option("faultInjection", faults)
     try:
-        w.start().awaitTermination()
+        run_to_end(w)
     except Exception as e:
         return e
     return None
