@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
 export PYSPARK_PYTHON="$PWD/.venv/bin/python" PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
 export SPARK_LOCAL_IP=127.0.0.1
-.venv/bin/ruff check pyspark_txn tests benchmarks || exit 1
+.venv/bin/ruff check pyspark_txn tests benchmarks notebooks || exit 1
 .venv/bin/mypy || exit 1  # the package's types (config in pyproject.toml)
 .venv/bin/python -m pytest -p no:cacheprovider "$@"
 rc=$?
