@@ -11,7 +11,6 @@ the commit messages and the options.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from typing import Any
 from pyspark.sql.datasource import WriterCommitMessage
 
 from .. import _fs
+from .._options import parse_storage_options
 from ..checkpoint import (
     default_record_table,
     persisted_sink_id,
@@ -259,19 +259,6 @@ class DeltaSinkOptions:
                     f"option recordTable={record_table!r} and path={path!r} overlap: the record "
                     "table must live outside the target table (default: inside the checkpoint)"
                 )
-        storage: dict[str, Any] = {}
-        if opts.get("storageoptions"):
-            try:
-                storage = json.loads(opts["storageoptions"])
-            except ValueError as e:
-                raise ConfigError(f"option storageOptions is not valid JSON: {e}") from None
-            if not isinstance(storage, dict) or not all(
-                isinstance(v, str) for v in storage.values()
-            ):
-                raise ConfigError(
-                    "option storageOptions: expected a JSON object of string values, e.g. "
-                    '{"AWS_REGION": "eu-west-1"}'
-                )
         partition_by = tuple(c.strip() for c in opts.get("partitionby", "").split(",") if c.strip())
         if len(set(partition_by)) != len(partition_by):
             raise ConfigError(f"option partitionBy={opts['partitionby']!r} repeats a column")
@@ -283,7 +270,9 @@ class DeltaSinkOptions:
             explicit_sink_id=explicit is not None,
             query_name=opts.get("queryname"),
             partition_by=partition_by,
-            storage_options=tuple(sorted(storage.items())),
+            storage_options=parse_storage_options(
+                opts.get("storageoptions"), "txn-delta sink", "storageOptions"
+            ),
             fs_options=tuple(sorted((k[3:], v) for k, v in opts.items() if k.startswith("fs."))),
             merge_schema=_parse_bool("mergeSchema", opts.get("mergeschema", "false")),
             row_group_rows=_parse_positive_int("rowGroupRows", opts.get("rowgrouprows", "1000000")),

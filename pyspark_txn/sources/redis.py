@@ -47,6 +47,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pyspark.sql.datasource import DataSource
 
+from .._options import parse_storage_options
 from ..errors import ConfigError, SourceError
 from ..faults import FaultPlan
 from .acknowledging import (
@@ -136,25 +137,6 @@ def _bool(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
     if value not in ("true", "false"):
         raise ConfigError(f"{FORMAT}: option {name}={raw!r}: expected true or false")
     return value == "true"
-
-
-def _storage_options(raw: str | None) -> tuple[tuple[str, str], ...]:
-    if not raw:
-        return ()
-    try:
-        parsed = json.loads(raw)
-    except ValueError as e:
-        raise ConfigError(
-            f"{FORMAT}: option claimLogStorageOptions is not valid JSON ({e}); expected a JSON "
-            'object of strings, e.g. {"AWS_REGION": "eu-west-1"}'
-        ) from None
-    if not isinstance(parsed, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in parsed.items()
-    ):
-        raise ConfigError(
-            f"{FORMAT}: option claimLogStorageOptions must be a JSON object of string values"
-        )
-    return tuple(sorted(parsed.items()))
 
 
 @dataclass(frozen=True)
@@ -272,7 +254,9 @@ class RedisSourceOptions(BrokerConfig):
             ssl["ssl_check_hostname"] = _bool(opts, "sslcheckhostname", "sslCheckHostname", True)
         source_id = f"redis:{group}"
         claim_log = ClaimLogConfig.locate(
-            FORMAT, opts, source_id, _storage_options(opts.get("claimlogstorageoptions"))
+            FORMAT, opts, source_id, parse_storage_options(
+                opts.get("claimlogstorageoptions"), FORMAT, "claimLogStorageOptions"
+            )
         )
         consumer = (opts.get("consumer") or "").strip()
         if "consumer" in opts and not consumer:
