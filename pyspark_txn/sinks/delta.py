@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -149,9 +150,25 @@ def _parse_compression(value: str) -> str:
     return codec
 
 
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
+_NO_DELTA_RS = ("dbfs",)
+
+
 def _check_location(option: str, value: str) -> None:
     """Characters delta-rs cannot take in a table URL, or that a local path would lose
     (it is read as a URL: ``%20`` becomes a space), are refused by name."""
+    scheme = _SCHEME.match(value.strip())
+    if scheme and scheme.group(1).lower() in _NO_DELTA_RS:
+        raise ConfigError(
+            f"option {option}={value!r}: delta-rs cannot commit to Databricks' DBFS; use a "
+            "cloud URI (s3://, abfss://, gs://) with storageOptions (docs/databricks.md)"
+        )
+    if scheme and scheme.group(1).lower() != "file" and "://" not in value:
+        raise ConfigError(
+            f"option {option}={value!r}: {scheme.group(1)}: looks like a URI scheme without "
+            "'//' (it would be read as a local folder of that name); write "
+            f"{scheme.group(1)}://... or a local path"
+        )
     bad = sorted(set(value) & set("[]" if "://" in value else "[]%"))
     if bad:
         raise ConfigError(

@@ -107,3 +107,17 @@ def test_storage_options_errors_name_the_format_and_option(tmp_path, raw, proble
         with pytest.raises(ConfigError) as e:
             parse(options)
         assert where in str(e.value) and problem in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(
+    "path, problem",
+    [
+        ("dbfs:/data/orders", "cannot commit to Databricks' DBFS"),
+        ("dbfs://data/orders", "cannot commit to Databricks' DBFS"),
+        ("s3:bucket/orders", "looks like a URI scheme without '//'"),
+    ],
+)
+def test_locations_delta_rs_cannot_use_are_refused_by_name(tmp_path, path, problem):
+    with pytest.raises(ConfigError, match=problem):
+        DeltaSinkOptions.parse({"path": path, "checkpointLocation": str(tmp_path / "c")})
+    assert not (tmp_path / "c").exists()
