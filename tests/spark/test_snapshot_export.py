@@ -198,6 +198,19 @@ def test_named_export_of_a_stateful_aggregation_holds_readable_state(spark, tmp_
         for f in files
         if f.endswith(".parquet")
     ]
+    # a bit flipped inside a state file (same size, still readable) fails its CRC32
+    original = open(data_files[0], "rb").read()
+    flipped = bytearray(original)
+    flipped[len(flipped) // 2] ^= 0x01
+    with open(data_files[0], "wb") as f:
+        f.write(bytes(flipped))
+    check = snapshots.verify(chk, "agg")
+    assert not check.ok and any(table["path"] in p and "CRC32" in p for p in check.problems), (
+        check.problems
+    )
+    with open(data_files[0], "wb") as f:
+        f.write(original)
+    assert snapshots.verify(chk, "agg").ok
     os.remove(data_files[0])
     check = snapshots.verify(chk, "agg")
     assert not check.ok and any(table["path"] in p for p in check.problems), check.problems
