@@ -6,9 +6,12 @@ made* into ``<to>/data`` (a Delta table of its own: it stays readable after
 the source table is vacuumed or dropped), writes ``<to>/manifest`` (one row
 per source: Spark's offsets of that batch, ids, counts, checksum), and only
 then registers the name in the sink's record table. A crash before the
-registration leaves no registry entry and no Delta table under ``<to>``
-(tables are committed after their files are copied); the next export to the
-same place removes the partial copy first.
+registration leaves no registry entry, but what it wrote stays under ``<to>``
+(loose files, or committed ``data``/``manifest`` tables if it died after
+committing them) with the export marker: only the registry says which exports
+exist. The next export to the same place removes that copy first, when the
+marker's writer is provably dead (same host, its pid gone) or with
+``replace_unfinished=True``; it never removes what a live export may own.
 
 Export-only: nothing of the running query is committed or rolled back; the
 export takes its own snapshot id (never reused) from the sink's stream, so a
@@ -53,8 +56,9 @@ from .state_export import has_state
 
 log = logging.getLogger(__name__)
 
-#: Written first into an export's folder: whose export it is. A folder with
-#: this file and no registry entry is a crashed export, removed by the next one.
+#: Written first into an export's folder: whose export it is and which process
+#: writes it. A folder with this file and no registry entry is an unfinished
+#: export: the next export there removes it once its writer is provably dead.
 EXPORT_MARKER = ".pyspark-txn-export.json"
 CHUNK_BYTES = admin.CHUNK_BYTES
 
@@ -1224,7 +1228,8 @@ def source_offsets(location: str, name: str, sink: str | None = None) -> list[st
     """Spark's offset of every source of the snapshot's batch, as JSON (None: no offset).
 
     For Kafka the string is the source's ``startingOffsets`` JSON; for ``rate`` or
-    file sources it is what their offset log holds.
+    file sources it is what their offset log holds (not enough to resume them:
+    they keep more under the checkpoint's ``sources/``).
     """
     entry = show(location, name, sink)
     return [
@@ -1282,8 +1287,10 @@ def prepare_query(
     Copies the exported data into a new table at ``path`` and writes a Spark
     checkpoint at ``checkpoint`` whose last committed batch is the snapshot's,
     with its offsets: a query with the same sources, started with this
-    checkpoint and a ``txn-delta`` sink on ``path``, reads on from there (our
-    sources and JVM ones alike) and continues the table. Stateful queries are
+    checkpoint and a ``txn-delta`` sink on ``path``, reads on from there and
+    continues the table. Only for sources whose offset alone is their position
+    (this package's sources, Kafka), not ``rate`` or the file source, which
+    keep more under the checkpoint's ``sources/`` (not exported). Stateful queries are
     refused: Spark cannot load state from the exported tables.
     """
     entry = show(location, name, sink)

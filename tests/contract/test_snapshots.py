@@ -624,3 +624,30 @@ def test_verify_of_an_unreadable_export_says_so(sink, tmp_path, capsys):
     code, out, _ = run_cli(capsys, "snapshots", "verify", sink.chk, "u", "--json")
     doc = json.loads(out)
     assert code == 1 and doc["readable"] is False and doc["rows"] == "unreadable"
+
+
+def test_kill_9_before_registration_leaves_committed_tables_that_are_no_snapshot(sink, tmp_path):
+    to = tmp_path / "k"
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from pyspark_txn import snapshots
+        def dying_register(*a, **k):
+            os.kill(os.getpid(), signal.SIGKILL)
+        snapshots.register_named = dying_register
+        snapshots.export({sink.chk!r}, "k", {str(to)!r})
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    # what docs/snapshots.md says: committed tables stay, unregistered, with the marker
+    assert DeltaTable.is_deltatable(str(to / "data")) and DeltaTable.is_deltatable(
+        str(to / "manifest")
+    )
+    marker = json.loads((to / snapshots.EXPORT_MARKER).read_text())
+    assert marker["name"] == "k" and marker["owner"]["pid"] != os.getpid()
+    assert snapshots.list_snapshots(sink.chk) == []
+    with pytest.raises(ConfigError, match="no snapshot named 'k'"):
+        snapshots.verify(sink.chk, "k")
+    snapshots.export(sink.chk, "k2", str(to))  # its writer is dead: removed, exported anew
+    assert snapshots.verify(sink.chk, "k2").ok and ids_of(str(to / "data")) == list(range(40))
