@@ -326,7 +326,8 @@ def _pin(state: SinkState, target, snapshot: int | None) -> tuple[SnapshotRecord
     pinned: SnapshotRecord | None = None
     for rec in records:
         version = state.committed.get(rec.snapshot_id)
-        if version is None and rec.txns:
+        if version is None:  # not confirmed yet: its commit stamp in the target (an empty
+            # first batch's commit creates the table)
             version = target.committed_version(rec)
         if pinned is None:
             if version is None and rec.txns:  # its phase 2 has not landed (yet)
