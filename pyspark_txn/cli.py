@@ -290,8 +290,8 @@ def cmd_snapshots_export(args: argparse.Namespace) -> int:
     from . import snapshots
 
     if args.at_next_commit:
-        if args.snapshot is not None:
-            raise ConfigError("--snapshot and --at-next-commit exclude each other")
+        if args.snapshot is not None or args.batch is not None:
+            raise ConfigError("--snapshot/--batch and --at-next-commit exclude each other")
         if args.replace_unfinished:
             raise ConfigError(
                 "--replace-unfinished and --at-next-commit exclude each other: the sink "
@@ -324,6 +324,7 @@ def cmd_snapshots_export(args: argparse.Namespace) -> int:
             args.snapshot,
             sink=args.sink,
             replace_unfinished=args.replace_unfinished,
+            batch=args.batch,
         )
         spark = _state_spark(args)
         progress, close = _progress_bar("export")
@@ -338,6 +339,7 @@ def cmd_snapshots_export(args: argparse.Namespace) -> int:
                 state=args.state,
                 spark=spark,
                 replace_unfinished=args.replace_unfinished,
+                batch=args.batch,
             )
         finally:
             close()
@@ -666,6 +668,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name", help="letters, digits, '-', '_', '.'; unique per sink")
     p.add_argument("--to", required=True, help="a new or empty directory (URI)")
     p.add_argument("--snapshot", type=int, help="the sink's snapshot id (default: latest)")
+    p.add_argument(
+        "--batch", type=int, help="Spark's batch id, instead of --snapshot (default: latest)"
+    )
     p.add_argument(
         "--at-next-commit",
         action="store_true",

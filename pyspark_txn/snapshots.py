@@ -504,6 +504,7 @@ def check_export(
     *,
     sink: str | None = None,
     replace_unfinished: bool = False,
+    batch: int | None = None,
 ) -> tuple[SnapshotRecord, int]:
     """Every check of :func:`export` that needs no Spark and writes nothing: the name
     is free, ``to`` is a place of its own that is new, empty or a dead export's
@@ -514,7 +515,24 @@ def check_export(
     uri = _check_to(handle, to, sink_state)
     fs, root = _fs.filesystem(uri)
     _inspect_location(fs, root, handle, uri, replace_unfinished)
+    if batch is not None:
+        if snapshot is not None:
+            raise ConfigError("snapshot= and batch= exclude each other: give one")
+        snapshot = _snapshot_of_batch(sink_state, batch)
     return _pin(sink_state, handle.target(), snapshot)
+
+
+def _snapshot_of_batch(state: SinkState, batch: int) -> int:
+    """The snapshot id of the kept record of Spark's batch ``batch`` (the last, if the
+    batch was recorded more than once)."""
+    ids = [r.snapshot_id for r in state.records.values() if r.batch_id == batch]
+    if not ids:
+        kept = sorted(r.batch_id for r in state.records.values())
+        raise ConfigError(
+            f"sink {state.sink_id!r} has no kept record of batch {batch}"
+            + (f" (kept: batches {kept[0]} to {kept[-1]})" if kept else " (no batch recorded)")
+        )
+    return max(ids)
 
 
 def export(
@@ -528,8 +546,12 @@ def export(
     state: str = "auto",
     spark=None,
     replace_unfinished: bool = False,
+    batch: int | None = None,
 ) -> NamedSnapshot:
     """Export a committed snapshot of the sink at ``location`` under ``name`` to ``to``.
+
+    ``snapshot`` is the sink's snapshot id; ``batch`` names it by Spark's batch id
+    instead (give at most one; neither: the latest committed batch).
 
     ``state``: ``auto`` exports the state tables of a stateful query (with
     ``spark`` or the active SparkSession), ``include`` requires them,
@@ -542,7 +564,7 @@ def export(
     if state not in STATE_CHOICES:
         raise ConfigError(f"state={state!r}: choose one of {', '.join(STATE_CHOICES)}")
     record, version = check_export(
-        location, name, to, snapshot, sink=sink, replace_unfinished=replace_unfinished
+        location, name, to, snapshot, sink=sink, replace_unfinished=replace_unfinished, batch=batch
     )
     session = _state_session(handle, state, spark)
     return _export_pinned(

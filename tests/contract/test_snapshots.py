@@ -59,6 +59,33 @@ def test_export_of_an_older_snapshot_is_the_table_as_of_that_batch(sink, tmp_pat
         snapshots.export(sink.chk, "nope", str(tmp_path / "nope"), snapshot=99)
 
 
+def test_export_by_spark_batch_id(sink, tmp_path, capsys):
+    sink.batch(4, [], source_offsets=[{"index": 50}])  # snapshot ids and batch ids part ways
+    sink.batch(5, [50])
+    state = sink.handle().load()
+    (rec,) = [r for r in state.records.values() if r.batch_id == 2]
+    named = snapshots.export(sink.chk, "b2", str(tmp_path / "b2"), batch=2)
+    assert named.batch_id == 2 and named.of_snapshot_id == rec.snapshot_id
+    assert ids_of(str(tmp_path / "b2" / "data")) == list(range(30))
+    code, out, _ = run_cli(
+        capsys,
+        "snapshots",
+        "export",
+        sink.chk,
+        "b4",
+        "--to",
+        tmp_path / "b4",
+        "--batch",
+        "4",
+        "--json",
+    )
+    assert code == 0 and json.loads(out)["batch_id"] == 4
+    with pytest.raises(ConfigError, match="no kept record of batch 9 .kept: batches 0 to 5"):
+        snapshots.export(sink.chk, "b9", str(tmp_path / "b9"), batch=9)
+    with pytest.raises(ConfigError, match="exclude each other"):
+        snapshots.export(sink.chk, "b9", str(tmp_path / "b9"), batch=1, snapshot=1)
+
+
 def test_verify_names_a_deleted_and_an_altered_file(sink, tmp_path):
     to = tmp_path / "x"
     named = snapshots.export(sink.chk, "x", str(to))
