@@ -1212,7 +1212,10 @@ def delete(location: str, name: str, sink: str | None = None) -> NamedSnapshot:
     def deleted(s: SinkState):
         # an older entry may sit inside this one's folder (registered before the checks)
         for other in s.named.values():
-            if other.name != name and _relation(other.location, entry.location) is not None:
+            if other.name != name and _relation(other.location, entry.location) in (
+                "is",
+                "is inside",
+            ):
                 raise ConfigError(
                     f"snapshot {name!r}: its folder {entry.location} holds the location of "
                     f"snapshot {other.name!r} ({other.location}); delete {other.name!r} "

@@ -468,6 +468,9 @@ def test_delete_refuses_a_folder_holding_another_snapshot(sink, tmp_path):
         snapshots.delete(sink.chk, "outer")
     assert snapshots.verify(sink.chk, "outer").ok  # nothing was deleted
     assert {n.name for n in snapshots.list_snapshots(sink.chk)} == {"outer", "inner"}
+    snapshots.delete(sink.chk, "inner")  # the inner one can go first
+    snapshots.delete(sink.chk, "outer")  # then the outer one
+    assert snapshots.list_snapshots(sink.chk) == [] and not outer.exists()
 
 
 # --- stop_and_export checks first --------------------------------------------------------
