@@ -689,3 +689,22 @@ def test_kill_9_before_registration_leaves_committed_tables_that_are_no_snapshot
         snapshots.verify(sink.chk, "k")
     snapshots.export(sink.chk, "k2", str(to))  # its writer is dead: removed, exported anew
     assert snapshots.verify(sink.chk, "k2").ok and ids_of(str(to / "data")) == list(range(40))
+
+
+def test_a_failed_export_removes_its_own_partial_copy(sink, tmp_path, monkeypatch):
+    to = tmp_path / "f"
+    copy, n = snapshots._copy, [0]
+
+    def failing_copy(*a):
+        n[0] += 1
+        if n[0] == 3:
+            raise OSError("disk full (injected)")
+        return copy(*a)
+
+    monkeypatch.setattr(snapshots, "_copy", failing_copy)
+    with pytest.raises(OSError, match="disk full"):
+        snapshots.export(sink.chk, "f", str(to))
+    assert not to.exists() and snapshots.list_snapshots(sink.chk) == []
+    monkeypatch.setattr(snapshots, "_copy", copy)
+    assert snapshots.export(sink.chk, "f", str(to)).details["rows"] == 40
+    assert snapshots.verify(sink.chk, "f").ok
