@@ -6,6 +6,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pyspark_txn import admin, snapshots
+from pyspark_txn.errors import ConfigError
 
 pytestmark = pytest.mark.spark
 
@@ -227,6 +228,12 @@ def test_stop_and_export_of_a_running_stateful_query(spark, tmp_path):
         .start()
     )
     _wait_for_batch(q, 2)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is not empty"):  # checked before the stop
+        snapshots.stop_and_export(q, "stopped", str(busy))
+    assert q.isActive
     named = snapshots.stop_and_export(q, "stopped", str(tmp_path / "stopped"))
     assert not q.isActive and named.details["terminal"] is True
     (table,) = named.details["state_tables"]
