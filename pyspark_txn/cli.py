@@ -27,8 +27,15 @@ def _print_records(record_table: str, sink: str | None = None) -> None:
         print(f"sink {sink_id}")
         print(
             f"  execution record: epoch={rec.epoch} snapshot_id={rec.snapshot_id} "
-            f"ongoing_snapshot_id={rec.ongoing_snapshot_id} "
-            f"last_committed_batch={rec.last_committed_batch_id} query={rec.query_id}"
+            f"ongoing_snapshot_id={rec.ongoing_snapshot_id} query={rec.query_id}"
+        )
+        # The last record's phase 2 is confirmed by the next record (or by recovery), so
+        # "confirmed" trails the last recorded batch by one while a query runs.
+        last = state.last_record
+        print(
+            f"  last recorded batch: {last.batch_id if last else None}; phase 2 confirmed "
+            f"in the record table through batch {rec.last_committed_batch_id} "
+            "(`pyspark-txn status` asks the target itself)"
         )
         print(
             f"  {'seq':>4} {'event':<10} {'epoch':>5} {'snapshot':>8} {'batch':>5} {'rows':>8}  details"
