@@ -496,6 +496,17 @@ def copy_table(
     return TableCopy(files, rows, total)
 
 
+def _check_destination(
+    handle: admin.SinkHandle, sink_state: SinkState, name: str, to: str, replace_unfinished: bool
+) -> None:
+    """The name is free and ``to`` is a place of its own: new, empty or a dead export's
+    partial copy (writes nothing)."""
+    _check_name_free(sink_state, name)
+    uri = _check_to(handle, to, sink_state)
+    fs, root = _fs.filesystem(uri)
+    _inspect_location(fs, root, handle, uri, replace_unfinished)
+
+
 def check_export(
     location: str,
     name: str,
@@ -511,10 +522,7 @@ def check_export(
     partial copy, and there is a committed snapshot. Returns what it pins."""
     handle = admin.open_sink(location, sink)
     sink_state = handle.load()
-    _check_name_free(sink_state, name)
-    uri = _check_to(handle, to, sink_state)
-    fs, root = _fs.filesystem(uri)
-    _inspect_location(fs, root, handle, uri, replace_unfinished)
+    _check_destination(handle, sink_state, name, to, replace_unfinished)
     if batch is not None:
         if snapshot is not None:
             raise ConfigError("snapshot= and batch= exclude each other: give one")
@@ -986,11 +994,7 @@ def stop_and_export(
     """
     location = checkpoint or query_checkpoint(query)
     handle = admin.open_sink(location, sink)
-    sink_state = handle.load()
-    _check_name_free(sink_state, name)
-    uri = _check_to(handle, to, sink_state)
-    fs, root = _fs.filesystem(uri)
-    _inspect_location(fs, root, handle, uri, replace_unfinished)
+    _check_destination(handle, handle.load(), name, to, replace_unfinished)
     session = _state_session(handle, state, spark)
     query.stop()
     admin.settle(location, sink, reason=f"stop_and_export {name!r}")
