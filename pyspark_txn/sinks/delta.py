@@ -270,7 +270,8 @@ class DeltaSinkOptions:
         record_table = _fs.normalize_uri(
             opts.get("recordtable") or default_record_table(checkpoint)
         )
-        for inner, outer in ((record_table, path), (path, record_table)):
+        real_records, real_path = _fs.resolved(record_table), _fs.resolved(path)
+        for inner, outer in ((real_records, real_path), (real_path, real_records)):
             if inner == outer or inner.startswith(outer.rstrip("/") + "/"):
                 raise ConfigError(
                     f"option recordTable={record_table!r} and path={path!r} overlap: the record "
