@@ -123,9 +123,12 @@ _CREATED: set[str] = set()
 _CREATED_LOCK = threading.Lock()
 
 
-def prepare_attempt(committer: TwoPhaseCommitter, record_table: str) -> tuple[int, str]:
+def prepare_attempt(
+    committer: TwoPhaseCommitter, record_table: str, *, release_staged: bool = False
+) -> tuple[int, str]:
     """Planner side, before phase 1 (the writer checked the stream's schema when it was
     made): allocate the batch's snapshot id. Returns (snapshot id, token).
+    ``release_staged``: first free what earlier attempts hold (targets with locks).
 
     Nothing here knows which query run it plans for (Spark plans on a pool of
     Python workers): fencing happens at commit, by Spark's run id.
@@ -134,6 +137,8 @@ def prepare_attempt(committer: TwoPhaseCommitter, record_table: str) -> tuple[in
         if record_table not in _CREATED:
             committer.store.log.create_if_missing()
             _CREATED.add(record_table)
+    if release_staged:
+        committer.release_staged()
     return committer.allocate()
 
 
