@@ -229,8 +229,8 @@ class PostgresSinkOptions:
             check_server(conn, self.url)
             if self.create_table:
                 create_table(conn, self.schema, self.table, arrow_schema, self.key_columns)
-            ensure_marker_tables(conn, self.schema)
             columns = resolve_columns(conn, self.schema, self.table, arrow_schema, self.key_columns)
+            ensure_marker_tables(conn, self.schema)
         return WriteConfig(
             connector=self.connector,
             schema=self.schema,
