@@ -49,6 +49,7 @@ from .postgres_target import (
     check_server,
     create_table,
     ensure_marker_tables,
+    fast_kinds,
     parse_table_name,
     redact,
     resolve_columns,
@@ -100,6 +101,7 @@ class PostgresSinkOptions:
     faults: FaultPlan = field(default_factory=FaultPlan)
     retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS
     log_level: str = "INFO"
+    fast_copy: bool = True  # encode COPY rows from Arrow with numpy where the types allow
 
     @property
     def redacted_url(self) -> str:
@@ -241,6 +243,7 @@ class PostgresSinkOptions:
             key_columns=self.key_columns,
             batch_rows=self.batch_rows,
             lock_timeout_s=self.lock_timeout_s,
+            fast_kinds=fast_kinds(columns, arrow_schema) if self.fast_copy else None,
         )
 
 

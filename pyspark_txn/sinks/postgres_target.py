@@ -35,6 +35,7 @@ from typing import Any
 from ..errors import CheckpointMismatchError, ConfigError, CorruptSnapshotError
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import SnapshotRecord, TxnHandle
+from . import _pgcopy
 from .twophase import Target
 
 log = logging.getLogger(__name__)
@@ -288,6 +289,15 @@ class WriteConfig:
     key_columns: tuple[str, ...] = ()
     batch_rows: int = 10_000
     lock_timeout_s: int = 60
+    # how _pgcopy encodes each column, when it can encode them all (else write_row)
+    fast_kinds: tuple[str, ...] | None = None
+
+
+def fast_kinds(columns: Sequence[Column], arrow_schema) -> tuple[str, ...] | None:
+    from ._pgcopy import fast_kind
+
+    kinds = [fast_kind(f.type, c.oid) for f, c in zip(arrow_schema, columns, strict=True)]
+    return None if any(k is None for k in kinds) else tuple(k for k in kinds if k is not None)
 
 
 def _ident(*names: str):
@@ -340,16 +350,24 @@ def stage_partition(
                 into = stage
             copy_sql = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(into, cols)
             with cur.copy(copy_sql) as copy:
-                copy.set_types([c.oid for c in cfg.columns])
+                if cfg.fast_kinds is not None:
+                    copy.write(_pgcopy.SIGNATURE)
+                else:
+                    copy.set_types([c.oid for c in cfg.columns])
                 for batch in _chain(first, it):
                     for start in range(0, batch.num_rows, cfg.batch_rows):
                         chunk = batch.slice(start, cfg.batch_rows)
-                        for row in zip(
-                            *_python_columns(chunk, cfg.columns, arrow_schema), strict=True
-                        ):
-                            copy.write_row(row)
+                        if cfg.fast_kinds is not None:
+                            copy.write(_pgcopy.encode(chunk, cfg.fast_kinds))
+                        else:
+                            for row in zip(
+                                *_python_columns(chunk, cfg.columns, arrow_schema), strict=True
+                            ):
+                                copy.write_row(row)
                         rows += chunk.num_rows
                     nbytes += batch.nbytes
+                if cfg.fast_kinds is not None:
+                    copy.write(_pgcopy.TRAILER)
             if cfg.mode == "upsert":
                 keys = sql.SQL(", ").join(_ident(k) for k in cfg.key_columns)
                 others = [n for n in names if n not in cfg.key_columns]
