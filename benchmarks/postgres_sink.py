@@ -81,7 +81,7 @@ def foreach_batch_jdbc(jdbc_url: str, table: str, user: str, password: str):
 
 def run_once(spark, server, sink: str, rows: int, width: int, work: str) -> float:
     shutil.rmtree(work, ignore_errors=True)
-    table = f"bench_{sink.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
+    table = f"bench_{sink.replace('-', '_').lower()}_{uuid.uuid4().hex[:6]}"
     columns = ["id", "value"] + [f"c{i}" for i in range(1, width + 1)]
     with server.connect() as conn:
         conn.execute(f"CREATE TABLE {table} ({', '.join(c + ' bigint' for c in columns)})")

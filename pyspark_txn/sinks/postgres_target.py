@@ -718,10 +718,6 @@ class PostgresTarget(Target):
                 "batch is committed. Abandon the snapshot (`pyspark-txn abandon`) to replay it"
             )
 
-    def preflight(self, record: SnapshotRecord) -> None:
-        """Every gid is still prepared (checked again right before the record)."""
-        self.verify_staged(record.snapshot_id, record.token, record.txns)
-
     def check_new_sink(self, sink_id: str, query_id: str | None) -> None:
         import psycopg
         from psycopg import sql
@@ -763,10 +759,12 @@ class PostgresTarget(Target):
         top = self.committed_batch(self.sink_id)
         if top is not None and top > record.batch_id:
             raise self._not_ours(record, f"batch {top} > {record.batch_id} is committed")
+        done = self._committed_rows([t.handle for t in record.txns])
         for i, t in enumerate(record.txns):
             if i == 1:
                 self.faults.hit("mid_phase2", record.batch_id)
-            self._commit_gid(record, t.handle)
+            if t.handle not in done:
+                self._commit_gid(record, t.handle)
         self._q(
             sql.SQL(
                 "INSERT INTO {} (sink_id, batch_id, snapshot_id, record_id, query_id, rows) "
@@ -795,8 +793,6 @@ class PostgresTarget(Target):
                 f"sink {self.sink_id!r}: record of snapshot {record.snapshot_id} names {gid!r}, "
                 "which is not one of its prepared transactions"
             )
-        if self._committed_rows([gid]):
-            return
         try:
             self._q(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)))
             return
