@@ -45,8 +45,11 @@ def foreach_batch_copy(url: str, table: str, columns: list[str]):
 
         data = df.toArrow()
         with psycopg.connect(url) as conn, conn.cursor() as cur:
-            cur.execute("CREATE TABLE IF NOT EXISTS bench_fb_batches (batch_id bigint PRIMARY KEY)")
-            cur.execute("SELECT 1 FROM bench_fb_batches WHERE batch_id = %s", (batch_id,))
+            marks = sql.Identifier(f"{table}_batches")  # batch ids committed into ``table``
+            cur.execute(
+                sql.SQL("CREATE TABLE IF NOT EXISTS {} (batch_id bigint PRIMARY KEY)").format(marks)
+            )
+            cur.execute(sql.SQL("SELECT 1 FROM {} WHERE batch_id = %s").format(marks), (batch_id,))
             if cur.fetchone():
                 return
             copy_sql = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
@@ -58,7 +61,7 @@ def foreach_batch_copy(url: str, table: str, columns: list[str]):
                     cols = [c.to_pylist() for c in batch.columns]
                     for row in zip(*cols, strict=True):
                         copy.write_row(row)
-            cur.execute("INSERT INTO bench_fb_batches VALUES (%s)", (batch_id,))
+            cur.execute(sql.SQL("INSERT INTO {} VALUES (%s)").format(marks), (batch_id,))
 
     return write
 
