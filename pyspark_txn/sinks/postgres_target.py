@@ -406,8 +406,10 @@ def stage_partition(
             "outside the sink holds the lock"
         ) from None
     except BaseException:
-        if not conn.closed:
+        try:
             conn.rollback()
+        except Exception:  # the connection is gone: so is the transaction
+            pass
         raise
     finally:
         conn.close()
@@ -448,9 +450,19 @@ def check_server(conn, url: str) -> None:
 
 
 def ensure_marker_tables(conn, schema: str) -> None:
-    """The sink's bookkeeping tables, next to the target table."""
+    """The sink's bookkeeping tables, next to the target table. Nothing is created when
+    they exist: a user without CREATE privilege can use tables made by another."""
     from psycopg import sql
 
+    exist = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
+        (
+            sql.Identifier(schema, COMMITS_TABLE).as_string(conn),
+            sql.Identifier(schema, BATCHES_TABLE).as_string(conn),
+        ),
+    ).fetchone()
+    if exist and exist[0]:
+        return
     with conn.transaction():
         # One creator at a time: concurrent CREATE TABLE IF NOT EXISTS can still fail.
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('pyspark_txn_tables'))")
@@ -472,8 +484,12 @@ def ensure_marker_tables(conn, schema: str) -> None:
 
 
 def create_table(conn, schema: str, table: str, arrow_schema, key_columns: Sequence[str]) -> None:
-    """``CREATE TABLE IF NOT EXISTS`` with the stream's columns (and the keys as primary key)."""
+    """``CREATE TABLE IF NOT EXISTS`` with the stream's columns (and the keys as primary key).
+    An existing table is left alone, without asking for CREATE privileges."""
     from psycopg import sql
+
+    if table_columns(conn, schema, table) is not None:
+        return
 
     defs = [
         sql.SQL("{} {}").format(_ident(f.name), sql.SQL(pg_type(f.type, f.name)))

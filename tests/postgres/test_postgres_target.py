@@ -413,3 +413,18 @@ def test_the_numpy_copy_encoder_writes_what_psycopg_writes(pg, tmp_path, nulls):
     assert repr(got[True]) == repr(want).replace(
         "datetime.timezone.utc", "zoneinfo.ZoneInfo(key='Etc/UTC')"
     )
+
+
+def test_a_user_without_create_privileges_writes_into_existing_tables(pg, tmp_path):
+    server, schema = pg
+    Sink(pg, tmp_path / "owner")  # the owner creates the table and the marker tables
+    role = f"w_{schema}"
+    with server.connect() as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        conn.execute(f"GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA {schema} TO {role}")
+    url = f"postgresql://{role}:pw@127.0.0.1:{server.port}/postgres"
+    sink = Sink(pg, tmp_path / "writer", url=url)  # createTable=true, tables exist: no DDL
+    sink.run_batch([rows_of([1, 2]), rows_of([3])])
+    assert [r[0] for r in sink.rows()] == [1, 2, 3]
+    assert sink.prepared() == []
