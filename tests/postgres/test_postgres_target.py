@@ -428,3 +428,29 @@ def test_a_user_without_create_privileges_writes_into_existing_tables(pg, tmp_pa
     sink.run_batch([rows_of([1, 2]), rows_of([3])])
     assert [r[0] for r in sink.rows()] == [1, 2, 3]
     assert sink.prepared() == []
+
+
+@pytest.mark.parametrize(
+    "name, parsed",
+    [
+        ("orders", ("public", "orders")),
+        ("Sales.Orders", ("sales", "orders")),
+        ('"My Schema"."Order ""x"""', ("My Schema", 'Order "x"')),
+        (' s."T" ', ("s", "T")),
+    ],
+)
+def test_table_names_are_read_as_postgresql_reads_them(name, parsed):
+    assert postgres_target.parse_table_name(name) == parsed
+
+
+def test_gids_name_sink_attempt_and_task_and_parse_back():
+    gid = postgres_target.make_gid("my.sink-1", 42, "abc123", 3, 7)
+    assert gid == "ptxn:my.sink-1:000000000042:abc123:3:7"
+    assert postgres_target.parse_gid(gid, "my.sink-1") == (42, "abc123")
+    assert postgres_target.parse_gid(gid, "my.sink") is None  # another sink's prefix
+    assert postgres_target.parse_gid("ptxn:my.sink-1:x:y", "my.sink-1") is None
+
+
+def test_redact_hides_the_password_in_uris_and_keyword_strings():
+    assert "pw" not in postgres_target.redact("postgresql://u:pw@h:5432/db")
+    assert "pw" not in postgres_target.redact("host=h user=u password=pw dbname=db")
