@@ -77,6 +77,7 @@ class TxnCommitMessage(WriterCommitMessage):
     run_id: str | None
     partition: int
     txns: list[dict[str, Any]]
+    replay: bool = False  # the task staged nothing: the planner knew the batch was decided
 
 
 def spark_run_id() -> str | None:

@@ -21,13 +21,22 @@ from typing import Any
 from .. import _fs
 from ..checkpoint import (
     default_record_table,
+    latest_batch,
     persisted_sink_id,
     read_batch_offsets,
     read_query_id,
 )
-from ..errors import ConfigError, ProtocolViolation
+from ..errors import ConfigError, ProtocolViolation, TxnError
 from ..faults import FaultPlan
-from ..state import DEFAULT_RETAIN_SNAPSHOTS, DeltaEventLog, RecordStore, TxnHandle
+from ..state import (
+    DEFAULT_RETAIN_SNAPSHOTS,
+    DeltaEventLog,
+    RecordStore,
+    Replay,
+    SinkState,
+    TxnHandle,
+    decide,
+)
 from ._spark import (
     TxnCommitMessage,
     WriterBase,
@@ -256,13 +265,36 @@ def _check_url(url: str) -> None:
         raise ConfigError(f"option url={redact(url)!r} is not a libpq URI: {e}") from None
 
 
-def _prepare_attempt(opts: PostgresSinkOptions) -> tuple[int, str]:
-    """Release what earlier attempts still hold, then allocate the batch's snapshot id."""
+def _prepare_attempt(opts: PostgresSinkOptions) -> tuple[tuple[int, str], bool]:
+    """Release what earlier attempts still hold, then allocate the batch's snapshot id.
+    Returns the attempt and whether the batch is a replay of a decided one."""
     committer = opts.committer()
     try:
-        return prepare_attempt(committer, opts.record_table, release_staged=True)
+        attempt = prepare_attempt(committer, opts.record_table, release_staged=True)
+        return attempt, _is_replay(opts, committer.load())
     finally:
         _close(committer)
+
+
+def _is_replay(opts: PostgresSinkOptions, state: SinkState) -> bool:
+    """Whether the batch being planned (the newest in Spark's offset log: Spark writes
+    it before planning the batch) has a safe record with the same offsets.
+
+    Its rows are then not staged again: they are in the table already, or will be by
+    the record's phase 2, and a unique index would refuse them. The commit checks the
+    guess: a batch staged as a replay that has no record fails instead of being
+    recorded empty.
+    """
+    latest = latest_batch(opts.checkpoint_location)
+    rec = state.records.get(latest) if latest is not None else None
+    if rec is None or latest is None:
+        return False
+    offsets = read_batch_offsets(opts.checkpoint_location, latest)
+    try:
+        decision = decide(state, latest, rec.snapshot_id, state.epoch, state.query_id, offsets)
+    except TxnError:
+        return False  # the commit raises it, with the whole story
+    return isinstance(decision, Replay)
 
 
 class TxnPostgresStreamWriter(WriterBase):
@@ -272,12 +304,13 @@ class TxnPostgresStreamWriter(WriterBase):
         # Checked here, where Spark reports a plain "failed to initialize" error.
         self.config = opts.prepare_table(self.arrow_schema)
         self._attempt: tuple[int, str] | None = None
+        self._replay = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickling happens in the driver, once per batch, before any task runs.
         if self._attempt is None:
             worker_logging(self.opts.log_level)
-            self._attempt = _prepare_attempt(self.opts)
+            self._attempt, self._replay = _prepare_attempt(self.opts)
         return self.__dict__
 
     def write(self, iterator) -> TxnCommitMessage:
@@ -289,6 +322,19 @@ class TxnPostgresStreamWriter(WriterBase):
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
         attempt = ctx.taskAttemptId() if ctx is not None else 0
+        if self._replay:
+            for _ in iterator:  # decided already: the rows are (or will be) in the table
+                pass
+            self.opts.faults.hit("phase1", snapshot=snapshot_id, partition=partition)
+            return TxnCommitMessage(
+                sink_id=self.opts.sink_id,
+                snapshot_id=snapshot_id,
+                token=token,
+                run_id=spark_run_id(),
+                partition=partition,
+                txns=[],
+                replay=True,
+            )
         handles = stage_partition(
             as_arrow(iterator, self.arrow_schema),
             self.config,
@@ -325,6 +371,12 @@ class TxnPostgresStreamWriter(WriterBase):
                         f"runs {runs}"
                     )
                 (snapshot_id, token), run_id = attempts.pop(), runs.pop()
+                if any(m.replay for m in msgs) and batchId not in committer.load().records:
+                    raise ProtocolViolation(
+                        f"sink {self.opts.sink_id!r}: batch {batchId} was planned as a replay "
+                        "of a decided batch, but the record table has no record of it; its "
+                        "rows were not staged. Restart the query: the batch is planned again"
+                    )
             offsets = read_batch_offsets(self.opts.checkpoint_location, batchId)
             committer.commit(
                 batchId,
