@@ -13,7 +13,7 @@ from .errors import (
     TxnError,
     UnsupportedFormatVersion,
 )
-from .session import local_session, register
+from .session import local_session, process_available, register
 
 __version__ = "0.1.0"
 
@@ -31,5 +31,6 @@ __all__ = [
     "UnsupportedFormatVersion",
     "__version__",
     "local_session",
+    "process_available",
     "register",
 ]

@@ -253,6 +253,7 @@ class SinkStatus:
     staged_attempts: int
     stuck: tuple[SnapshotStatus, ...] = ()
     problems: tuple[str, ...] = ()  # what keeps the query from (re)starting
+    export_requests: tuple[Any, ...] = ()  # exports requested for the next commit (pending)
 
     @property
     def lag_seconds(self) -> float | None:
@@ -296,6 +297,7 @@ class SinkStatus:
             "staged_attempts": self.staged_attempts,
             "stuck": [s.to_json() for s in self.stuck],
             "problems": list(self.problems),
+            "export_requests": [r.to_json() for r in self.export_requests],
         }
 
 
@@ -363,6 +365,9 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
         staged_attempts=staged or 0,
         stuck=stuck,
         problems=tuple(problems),
+        export_requests=tuple(
+            sorted(state.export_requests.values(), key=lambda r: r.requested_seq)
+        ),
     )
 
 

@@ -27,8 +27,15 @@ def _print_records(record_table: str, sink: str | None = None) -> None:
         print(f"sink {sink_id}")
         print(
             f"  execution record: epoch={rec.epoch} snapshot_id={rec.snapshot_id} "
-            f"ongoing_snapshot_id={rec.ongoing_snapshot_id} "
-            f"last_committed_batch={rec.last_committed_batch_id} query={rec.query_id}"
+            f"ongoing_snapshot_id={rec.ongoing_snapshot_id} query={rec.query_id}"
+        )
+        # The last record's phase 2 is confirmed by the next record (or by recovery), so
+        # "confirmed" trails the last recorded batch by one while a query runs.
+        last = state.last_record
+        print(
+            f"  last recorded batch: {last.batch_id if last else None}; phase 2 confirmed "
+            f"in the record table through batch {rec.last_committed_batch_id} "
+            "(`pyspark-txn status` asks the target itself)"
         )
         print(
             f"  {'seq':>4} {'event':<10} {'epoch':>5} {'snapshot':>8} {'batch':>5} {'rows':>8}  details"
@@ -129,6 +136,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"  record table {d['record_table']}: {d['record_table_events']} events in its "
         f"history, {d['record_table_files']} files, {d['record_table_bytes']} bytes"
     )
+    for r in status.export_requests:
+        print(
+            f"  export {r.name!r} requested for the next commit, to {r.location} (see: "
+            f"pyspark-txn snapshots show {shlex.quote(args.location)} {r.name})"
+        )
     for s in status.stuck:
         print("  stuck: " + "\n    ".join(_describe(s)))
         print(f"    see: pyspark-txn stuck {shlex.quote(args.location)}")
@@ -285,8 +297,13 @@ def cmd_snapshots_export(args: argparse.Namespace) -> int:
     from . import snapshots
 
     if args.at_next_commit:
-        if args.snapshot is not None:
-            raise ConfigError("--snapshot and --at-next-commit exclude each other")
+        if args.snapshot is not None or args.batch is not None:
+            raise ConfigError("--snapshot/--batch and --at-next-commit exclude each other")
+        if args.replace_unfinished:
+            raise ConfigError(
+                "--replace-unfinished and --at-next-commit exclude each other: the sink "
+                "never removes anything at a requested location"
+            )
         request = snapshots.request_export(
             args.location, args.name, args.to, sink=args.sink, state=args.state
         )
@@ -306,6 +323,17 @@ def cmd_snapshots_export(args: argparse.Namespace) -> int:
     else:
         if args.wait is not None:
             raise ConfigError("--wait needs --at-next-commit")
+        # the cheap checks first: a local Spark session takes half a minute to start
+        snapshots.check_export(
+            args.location,
+            args.name,
+            args.to,
+            args.snapshot,
+            sink=args.sink,
+            replace_unfinished=args.replace_unfinished,
+            batch=args.batch,
+        )
+        spark = _state_spark(args)
         progress, close = _progress_bar("export")
         try:
             named = snapshots.export(
@@ -316,7 +344,9 @@ def cmd_snapshots_export(args: argparse.Namespace) -> int:
                 sink=args.sink,
                 progress=progress,
                 state=args.state,
-                spark=_state_spark(args),
+                spark=spark,
+                replace_unfinished=args.replace_unfinished,
+                batch=args.batch,
             )
         finally:
             close()
@@ -371,19 +401,35 @@ def cmd_snapshots_offsets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _request_json(r) -> dict:
+    return {**r.to_json(), "state": "requested"}
+
+
 def cmd_snapshots_list(args: argparse.Namespace) -> int:
     from . import snapshots
 
     named = snapshots.list_snapshots(args.location, args.sink)
+    requests = snapshots.list_requests(args.location, args.sink)
     if args.json:
-        print(json.dumps([n.to_json() for n in named], indent=2))
+        print(
+            json.dumps(
+                [{**n.to_json(), "state": "exported"} for n in named]
+                + [_request_json(r) for r in requests],
+                indent=2,
+            )
+        )
         return 0
-    if not named:
+    if not named and not requests:
         print("no named snapshots")
     for n in named:
         print(
-            f"{n.name}\tsnapshot {n.snapshot_id}\tbatch {n.batch_id}\t"
+            f"{n.name}\texported\tsnapshot {n.snapshot_id}\tbatch {n.batch_id}\t"
             f"{n.details.get('rows')} rows\t{n.location}"
+        )
+    for r in requests:
+        print(
+            f"{r.name}\trequested\tfor the next commit\t\t"
+            f"since {r.requested_at.isoformat() if r.requested_at else '?'}\t{r.location}"
         )
     return 0
 
@@ -391,13 +437,37 @@ def cmd_snapshots_list(args: argparse.Namespace) -> int:
 def cmd_snapshots_show(args: argparse.Namespace) -> int:
     from . import snapshots
 
+    pending = {r.name: r for r in snapshots.list_requests(args.location, args.sink)}
+    if args.name in pending:
+        r = pending[args.name]
+        if args.json:
+            print(json.dumps(_request_json(r), indent=2))
+            return 0
+        print(
+            f"{r.name}: requested (not exported yet): the sink exports the batch it commits "
+            f"next to {r.location}; requested "
+            f"{r.requested_at.isoformat() if r.requested_at else '?'}\n"
+            f"  cancel with: pyspark-txn snapshots cancel {shlex.quote(args.location)} {r.name}"
+        )
+        return 0
     n = snapshots.show(args.location, args.name, args.sink)
     if args.json:
-        print(json.dumps(n.to_json(), indent=2))
+        print(json.dumps({**n.to_json(), "state": "exported"}, indent=2))
         return 0
     print("\n".join(_named_lines(n)))
     print(f"  Spark's offsets of batch {n.batch_id}: {n.details.get('source_offsets')}")
     print(f"  data checksum {n.details.get('data_checksum')}")
+    return 0
+
+
+def cmd_snapshots_cancel(args: argparse.Namespace) -> int:
+    from . import snapshots
+
+    r = snapshots.cancel_request(args.location, args.name, sink=args.sink)
+    if args.json:
+        print(json.dumps({"cancelled": r.to_json()}, indent=2))
+    else:
+        print(f"cancelled the requested export {r.name} (to {r.location})")
     return 0
 
 
@@ -412,7 +482,10 @@ def cmd_snapshots_verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(check.to_json(), indent=2))
         return 0 if check.ok else 1
-    print(f"{check.name}: {check.files} files, {check.rows} rows at {check.location}")
+    if check.readable:
+        print(f"{check.name}: {check.files} files, {check.rows} rows at {check.location}")
+    else:
+        print(f"{check.name}: unreadable export at {check.location}")
     for p in check.problems:
         print(f"  error: {p}")
     print("OK" if check.ok else f"{len(check.problems)} problems found")
@@ -425,18 +498,19 @@ def cmd_snapshots_delete(args: argparse.Namespace) -> int:
     n = snapshots.show(args.location, args.name, args.sink)
     if not args.yes:
         if not sys.stdin.isatty():
-            print(
-                "pyspark-txn: error: delete asks for confirmation, but stdin is not a "
-                "terminal; pass --yes to delete without asking",
-                file=sys.stderr,
+            raise ConfigError(
+                "delete asks for confirmation, but stdin is not a terminal; pass --yes to "
+                "delete without asking"
             )
-            return 2
         answer = input(f"Delete snapshot {n.name!r} and everything under {n.location}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("not deleted")
             return 1
     snapshots.delete(args.location, args.name, args.sink)
-    print(f"deleted {n.name} ({n.location})")
+    if args.json:
+        print(json.dumps({"deleted": n.to_json()}, indent=2))
+    else:
+        print(f"deleted {n.name} ({n.location})")
     return 0
 
 
@@ -541,8 +615,24 @@ def _sink_arguments(p: argparse.ArgumentParser, *, name: bool = False, as_json: 
 SINK_HELP = "sink id (default: the checkpoint's kept sink id, or the record table's only sink)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose usage errors come out as JSON when the command line has --json."""
+
+    json_errors = False
+
+    def error(self, message: str):
+        if _Parser.json_errors:
+            self.print_usage(sys.stderr)
+            print(
+                json.dumps({"error": message, "type": "UsageError", "usage": self.format_usage()})
+            )
+            sys.exit(2)
+        super().error(message)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pyspark-txn", description=__doc__)
+    _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else [str(a) for a in argv])
+    parser = _Parser(prog="pyspark-txn", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log protocol steps")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="run the embedded exactly-once demo (local Delta tables)")
@@ -567,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_status)
     snaps = sub.add_parser(
         "snapshots",
-        help="named snapshots: export, list, show, verify, delete, prepare-query, offsets",
+        help="named snapshots: export, list, show, verify, delete, cancel, prepare-query, offsets",
         description="Named snapshots of a txn-delta sink: a committed snapshot exported as "
         "standalone Delta tables (data/, manifest/) and registered under a name in the "
         "sink's record table. See docs/snapshots.md.",
@@ -586,6 +676,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--to", required=True, help="a new or empty directory (URI)")
     p.add_argument("--snapshot", type=int, help="the sink's snapshot id (default: latest)")
     p.add_argument(
+        "--batch", type=int, help="Spark's batch id, instead of --snapshot (default: latest)"
+    )
+    p.add_argument(
         "--at-next-commit",
         action="store_true",
         help="ask the running query to export the batch it commits next (inside its commit)",
@@ -602,6 +695,12 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="state tables of a stateful query: auto (if it has state; starts a local Spark), "
         "include (required), skip",
+    )
+    p.add_argument(
+        "--replace-unfinished",
+        action="store_true",
+        help="remove the partial copy of an unfinished export at --to even if its writer may "
+        "still run (only when you know it is dead)",
     )
     p.add_argument("--sink", help=SINK_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -647,9 +746,16 @@ def main(argv: list[str] | None = None) -> int:
         help="unregister a named snapshot and remove its export",
         epilog="exit status: 0 deleted, 1 declined at the prompt, 2 error",
     )
-    _sink_arguments(p, name=True, as_json=False)
+    _sink_arguments(p, name=True)
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_snapshots_delete)
+    p = ssub.add_parser(
+        "cancel",
+        help="cancel an export requested with --at-next-commit that has not run yet",
+        epilog="exit status: 0 cancelled, 2 error (also: the export already ran)",
+    )
+    _sink_arguments(p, name=True)
+    p.set_defaults(func=cmd_snapshots_cancel)
     p = sub.add_parser(
         "stuck",
         help="list snapshot records whose phase 2 never completed",

@@ -54,3 +54,28 @@ def local_session(app_name: str = "pyspark-txn", cores: int = 2, **conf: str):
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+def process_available(writer):
+    """Start ``writer`` (a ``DataStreamWriter``), process everything available, stop.
+
+    Returns the (stopped) ``StreamingQuery``; a failure raises as from
+    ``awaitTermination``. Where PySpark gives Python sources admission control
+    (4.2+) this is ``trigger(availableNow=True)``. Before 4.2 Spark's
+    ``availableNow`` reads a single batch of a Python source and stops, so a
+    processing-time trigger drained with ``processAllAvailable`` runs instead
+    (not allowed on serverless compute, which only has ``availableNow``: there
+    each run moves one batch of at most the source's per-batch limit).
+    """
+    from .sources._common import HAS_ADMISSION_CONTROL
+
+    if HAS_ADMISSION_CONTROL:
+        query = writer.trigger(availableNow=True).start()
+        query.awaitTermination()
+        return query
+    query = writer.trigger(processingTime="0 seconds").start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    return query

@@ -6,9 +6,12 @@ made* into ``<to>/data`` (a Delta table of its own: it stays readable after
 the source table is vacuumed or dropped), writes ``<to>/manifest`` (one row
 per source: Spark's offsets of that batch, ids, counts, checksum), and only
 then registers the name in the sink's record table. A crash before the
-registration leaves no registry entry and no Delta table under ``<to>``
-(tables are committed after their files are copied); the next export to the
-same place removes the partial copy first.
+registration leaves no registry entry, but what it wrote stays under ``<to>``
+(loose files, or committed ``data``/``manifest`` tables if it died after
+committing them) with the export marker: only the registry says which exports
+exist. The next export to the same place removes that copy first, when the
+marker's writer is provably dead (same host, its pid gone) or with
+``replace_unfinished=True``; it never removes what a live export may own.
 
 Export-only: nothing of the running query is committed or rolled back; the
 export takes its own snapshot id (never reused) from the sink's stream, so a
@@ -27,6 +30,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
 import uuid
 import zlib
@@ -52,8 +56,9 @@ from .state_export import has_state
 
 log = logging.getLogger(__name__)
 
-#: Written first into an export's folder: whose export it is. A folder with
-#: this file and no registry entry is a crashed export, removed by the next one.
+#: Written first into an export's folder: whose export it is and which process
+#: writes it. A folder with this file and no registry entry is an unfinished
+#: export: the next export there removes it once its writer is provably dead.
 EXPORT_MARKER = ".pyspark-txn-export.json"
 CHUNK_BYTES = admin.CHUNK_BYTES
 
@@ -70,13 +75,32 @@ def list_snapshots(location: str, sink: str | None = None) -> list[NamedSnapshot
     return sorted(_registry(handle).values(), key=lambda n: n.snapshot_id)
 
 
+def list_requests(location: str, sink: str | None = None) -> list[ExportRequest]:
+    """Every export requested for the sink's next commit and not served yet, oldest first."""
+    handle = admin.open_sink(location, sink)
+    return sorted(handle.load().export_requests.values(), key=lambda r: r.requested_seq)
+
+
 def show(location: str, name: str, sink: str | None = None) -> NamedSnapshot:
     handle = admin.open_sink(location, sink)
-    named = _registry(handle)
+    state = handle.load()
+    named = state.named
     if name not in named:
+        if name in state.export_requests:
+            request = state.export_requests[name]
+            raise ConfigError(
+                f"sink {handle.sink_id!r}: {name!r} is not exported yet: it is requested for "
+                f"the next commit (to {request.location}); wait for it, or cancel it with "
+                "cancel_request / `pyspark-txn snapshots cancel`"
+            )
         raise ConfigError(
             f"sink {handle.sink_id!r} has no snapshot named {name!r}; it has: "
             f"{', '.join(sorted(named)) or 'none'}"
+            + (
+                f" (requested, not exported yet: {', '.join(sorted(state.export_requests))})"
+                if state.export_requests
+                else ""
+            )
         )
     return named[name]
 
@@ -92,18 +116,85 @@ def _read_marker(fs, root: str) -> dict[str, Any] | None:
     if not fs.exists(path):
         return None
     with fs.open(path, "r") as f:
-        return json.loads(f.read())
+        text = f.read()
+    try:
+        marker = json.loads(text)
+    except ValueError:
+        return {"unreadable": text[:200]}
+    return marker if isinstance(marker, dict) else {"unreadable": text[:200]}
 
 
-def _prepare_location(fs, root: str, handle: admin.SinkHandle, uri: str) -> None:
-    """``root`` must be new or empty, or a crashed export of this sink (then it is wiped)."""
+#: Tokens of the exports this process is running now (a marker with our pid and
+#: a token not in here is one of ours that failed and could not clean up).
+_LIVE_TOKENS: set[str] = set()
+
+
+def _process_start(pid: int) -> str | None:
+    """When process ``pid`` started (Linux: clock ticks since boot), None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _owner() -> dict[str, Any]:
+    """Who writes an export marker: enough to tell later whether that process is dead."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "process_start": _process_start(os.getpid()),
+        "token": uuid.uuid4().hex,
+        "at": datetime.now(timezone.utc).isoformat(),
+    }
+
+
+def _describe_owner(owner: Mapping[str, Any] | None) -> str:
+    if not owner:
+        return "an unknown process (the marker does not say who wrote it)"
+    return f"pid {owner.get('pid')} on host {owner.get('host')!r}, started {owner.get('at')}"
+
+
+def _owner_is_dead(owner: Mapping[str, Any] | None) -> bool:
+    """True only when the marker's writer provably no longer runs: same host, and its
+    pid is gone or now belongs to another process. Anything else might still be alive."""
+    if not owner or owner.get("host") != socket.gethostname():
+        return False
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if pid == os.getpid():
+        same = owner.get("process_start") == _process_start(pid)
+        return not same or owner.get("token") not in _LIVE_TOKENS
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it runs, as another user
+        pass
+    start = owner.get("process_start")
+    now = _process_start(pid)
+    return start is not None and now is not None and start != now
+
+
+def _inspect_location(
+    fs, root: str, handle: admin.SinkHandle, uri: str, replace_unfinished: bool = False
+) -> dict[str, Any] | None:
+    """Check that ``root`` may take an export, writing nothing.
+
+    New or empty: None. The partial copy of an export of this sink that never
+    registered, whose writer is provably dead (or ``replace_unfinished``): its
+    marker (the caller removes it). Anything else is refused.
+    """
     if not fs.exists(root):
-        return
+        return None
     if not fs.isdir(root):
         raise ConfigError(f"--to {uri}: is a file; choose a new or empty directory")
     entries = fs.ls(root, detail=False)
     if not entries:
-        return
+        return None
     marker = _read_marker(fs, root)
     named = _registry(handle)
     if marker is None or marker.get("sink_id") != handle.sink_id:
@@ -114,8 +205,32 @@ def _prepare_location(fs, root: str, handle: admin.SinkHandle, uri: str) -> None
     owner = [n.name for n in named.values() if n.snapshot_id == marker.get("snapshot_id")]
     if owner:
         raise ConfigError(f"--to {uri}: holds the named snapshot {owner[0]!r}; delete it first")
-    log.warning("export to %s: removing the partial copy of an export that never finished", uri)
-    fs.rm(root, recursive=True)
+    if replace_unfinished or _owner_is_dead(marker.get("owner")):
+        return marker
+    raise ConfigError(
+        f"--to {uri}: holds an unfinished export {marker.get('name')!r} (snapshot id "
+        f"{marker.get('snapshot_id')}) of sink {handle.sink_id!r} by "
+        f"{_describe_owner(marker.get('owner'))}, which may still be running; it is left "
+        "alone. If you know that export is dead, pass --replace-unfinished "
+        "(replace_unfinished=True) to remove its partial copy and export there"
+    )
+
+
+def _prepare_location(
+    fs, root: str, handle: admin.SinkHandle, uri: str, replace_unfinished: bool = False
+) -> None:
+    """``root`` must be new or empty, or a dead export's partial copy (then it is wiped)."""
+    marker = _inspect_location(fs, root, handle, uri, replace_unfinished)
+    if marker is not None:
+        log.warning(
+            "export to %s: removing the partial copy of export %r (snapshot id %s) by %s, "
+            "which never finished",
+            uri,
+            marker.get("name"),
+            marker.get("snapshot_id"),
+            _describe_owner(marker.get("owner")),
+        )
+        fs.rm(root, recursive=True)
 
 
 def _check_name_free(state: SinkState, name: str, serving: bool = False) -> None:
@@ -128,17 +243,67 @@ def _check_name_free(state: SinkState, name: str, serving: bool = False) -> None
     if name in state.export_requests and not serving:
         raise ConfigError(
             f"sink {state.sink_id!r}: an export named {name!r} is requested for the next "
-            "commit; wait for it (wait_for_export) or choose another name"
+            "commit; wait for it (wait_for_export), cancel it (cancel_request, `pyspark-txn "
+            "snapshots cancel`) or choose another name"
         )
 
 
-def _check_to(handle: admin.SinkHandle, to: str) -> str:
+def _real(uri: str) -> str:
+    """The location compared for nesting: local paths with every symlink resolved."""
+    return os.path.realpath(uri) if _fs.is_local(uri) else uri.rstrip("/")
+
+
+def _relation(a: str, b: str) -> str | None:
+    """How location ``a`` relates to ``b``: "is", "is inside", "contains" or None."""
+    ra, rb = _real(a), _real(b)
+    if ra == rb:
+        return "is"
+    if ra.startswith(rb.rstrip("/") + "/"):
+        return "is inside"
+    if rb.startswith(ra.rstrip("/") + "/"):
+        return "contains"
+    return None
+
+
+def _check_to(
+    handle: admin.SinkHandle,
+    to: str,
+    state: SinkState | None = None,
+    *,
+    serving: str | None = None,
+) -> str:
+    """``to`` as a URI; refused when it is, is inside or contains the sink's target,
+    checkpoint or record table, a registered snapshot's location or a requested
+    export's (``serving``: the request being served, whose own location is fine)."""
     if handle.target_uri is None:
         raise ConfigError(f"sink {handle.sink_id!r} has no target yet: nothing to export")
+    if not isinstance(to, str) or not to.strip():
+        raise ConfigError("--to: must name a directory")
     uri = _fs.normalize_uri(to)
-    target_root = handle.target_uri.rstrip("/")
-    if uri == target_root or uri.startswith(target_root + "/"):
-        raise ConfigError(f"--to {to}: must not be inside the sink's target {target_root}")
+    state = handle.load() if state is None else state
+    places = [
+        ("the sink's target", handle.target_uri),
+        ("the query's checkpoint", handle.checkpoint),
+        ("the sink's record table", handle.record_table),
+    ]
+    places += [
+        (f"the location of snapshot {n.name!r}", n.location)
+        for n in sorted(state.named.values(), key=lambda n: n.name)
+    ]
+    places += [
+        (f"the location requested for export {r.name!r}", r.location)
+        for r in sorted(state.export_requests.values(), key=lambda r: r.name)
+        if r.name != serving
+    ]
+    for what, where in places:
+        if where is None:
+            continue
+        how = _relation(uri, where)
+        if how is not None:
+            raise ConfigError(
+                f"--to {to}: {how} {what} ({where}); an export needs a location of its own, "
+                "outside and not around the sink's tables and other exports"
+            )
     return uri
 
 
@@ -161,7 +326,8 @@ def _pin(state: SinkState, target, snapshot: int | None) -> tuple[SnapshotRecord
     pinned: SnapshotRecord | None = None
     for rec in records:
         version = state.committed.get(rec.snapshot_id)
-        if version is None and rec.txns:
+        if version is None:  # not confirmed yet: its commit stamp in the target (an empty
+            # first batch's commit creates the table)
             version = target.committed_version(rec)
         if pinned is None:
             if version is None and rec.txns:  # its phase 2 has not landed (yet)
@@ -330,6 +496,53 @@ def copy_table(
     return TableCopy(files, rows, total)
 
 
+def _check_destination(
+    handle: admin.SinkHandle, sink_state: SinkState, name: str, to: str, replace_unfinished: bool
+) -> None:
+    """The name is free and ``to`` is a place of its own: new, empty or a dead export's
+    partial copy (writes nothing)."""
+    _check_name_free(sink_state, name)
+    uri = _check_to(handle, to, sink_state)
+    fs, root = _fs.filesystem(uri)
+    _inspect_location(fs, root, handle, uri, replace_unfinished)
+
+
+def check_export(
+    location: str,
+    name: str,
+    to: str,
+    snapshot: int | None = None,
+    *,
+    sink: str | None = None,
+    replace_unfinished: bool = False,
+    batch: int | None = None,
+) -> tuple[SnapshotRecord, int]:
+    """Every check of :func:`export` that needs no Spark and writes nothing: the name
+    is free, ``to`` is a place of its own that is new, empty or a dead export's
+    partial copy, and there is a committed snapshot. Returns what it pins."""
+    handle = admin.open_sink(location, sink)
+    sink_state = handle.load()
+    _check_destination(handle, sink_state, name, to, replace_unfinished)
+    if batch is not None:
+        if snapshot is not None:
+            raise ConfigError("snapshot= and batch= exclude each other: give one")
+        snapshot = _snapshot_of_batch(sink_state, batch)
+    return _pin(sink_state, handle.target(), snapshot)
+
+
+def _snapshot_of_batch(state: SinkState, batch: int) -> int:
+    """The snapshot id of the kept record of Spark's batch ``batch`` (the last, if the
+    batch was recorded more than once)."""
+    ids = [r.snapshot_id for r in state.records.values() if r.batch_id == batch]
+    if not ids:
+        kept = sorted(r.batch_id for r in state.records.values())
+        raise ConfigError(
+            f"sink {state.sink_id!r} has no kept record of batch {batch}"
+            + (f" (kept: batches {kept[0]} to {kept[-1]})" if kept else " (no batch recorded)")
+        )
+    return max(ids)
+
+
 def export(
     location: str,
     name: str,
@@ -340,20 +553,86 @@ def export(
     progress: Progress | None = None,
     state: str = "auto",
     spark=None,
+    replace_unfinished: bool = False,
+    batch: int | None = None,
 ) -> NamedSnapshot:
     """Export a committed snapshot of the sink at ``location`` under ``name`` to ``to``.
 
+    ``snapshot`` is the sink's snapshot id; ``batch`` names it by Spark's batch id
+    instead (give at most one; neither: the latest committed batch).
+
     ``state``: ``auto`` exports the state tables of a stateful query (with
     ``spark`` or the active SparkSession), ``include`` requires them,
-    ``skip`` leaves them out.
+    ``skip`` leaves them out. ``replace_unfinished``: remove the partial copy
+    of an unfinished export at ``to`` even when its writer may still run (only
+    when you know it is dead; a writer provably dead on this host is removed
+    without it).
     """
     handle = admin.open_sink(location, sink)
-    sink_state = handle.load()
-    _check_name_free(sink_state, name)
-    _check_to(handle, to)
+    if state not in STATE_CHOICES:
+        raise ConfigError(f"state={state!r}: choose one of {', '.join(STATE_CHOICES)}")
+    record, version = check_export(
+        location, name, to, snapshot, sink=sink, replace_unfinished=replace_unfinished, batch=batch
+    )
     session = _state_session(handle, state, spark)
-    record, version = _pin(sink_state, handle.target(), snapshot)
-    return _export_pinned(handle, name, to, record, version, progress=progress, spark=session)
+    return _export_pinned(
+        handle,
+        name,
+        to,
+        record,
+        version,
+        progress=progress,
+        spark=session,
+        replace_unfinished=replace_unfinished,
+    )
+
+
+def _write_marker(fs, root: str, marker: Mapping[str, Any], uri: str) -> None:
+    """Write the export marker; on a local disk only if no other export wrote one first."""
+    path = _fs.join(root, EXPORT_MARKER)
+    text = json.dumps(dict(marker))
+    if _fs.is_local(uri):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            other = _read_marker(fs, root) or {}
+            raise ConfigError(
+                f"--to {uri}: another export ({other.get('name')!r} by "
+                f"{_describe_owner(other.get('owner'))}) started there at the same time; "
+                "choose another location"
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return
+    with fs.open(path, "w") as f:
+        f.write(text)
+    if (_read_marker(fs, root) or {}).get("owner") != marker["owner"]:
+        raise ConfigError(f"--to {uri}: another export started there at the same time")
+
+
+def _still_ours(fs, root: str, token: str) -> bool:
+    try:
+        marker = _read_marker(fs, root)
+    except FileNotFoundError:
+        return False
+    if not marker:
+        return False
+    return (marker.get("owner") or {}).get("token") == token
+
+
+def _table_files(uri: str, options: Mapping[str, str] | None) -> list[list[Any]]:
+    """Every file of the Delta table at ``uri`` with its size and CRC32."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    table = DeltaTable(uri, storage_options=dict(options) if options else None)
+    adds = pa.table(table.get_add_actions(flatten=False))
+    fs, root = _fs.filesystem(uri)
+    files = []
+    for path in sorted(adds.column("path").to_pylist()):
+        full = _fs.join(root, unquote(path))
+        files.append([path, fs.info(full)["size"], admin.crc32_of(fs, full, lambda _n: None)])
+    return files
 
 
 def _export_pinned(
@@ -367,24 +646,77 @@ def _export_pinned(
     spark=None,
     serving: bool = False,
     details: Mapping[str, Any] | None = None,
+    replace_unfinished: bool = False,
 ) -> NamedSnapshot:
     """Export ``record`` (whose commit made target ``version``): allocate, mark, copy,
-    write the manifest, register last."""
-    import pyarrow as pa
-    from deltalake import write_deltalake
-
-    _check_name_free(handle.load(), name, serving=serving)
-    uri = _check_to(handle, to)
+    write the manifest, register last (refused if the marker is no longer this export's,
+    or the location or name was taken meanwhile)."""
+    sink_state = handle.load()
+    _check_name_free(sink_state, name, serving=serving)
+    uri = _check_to(handle, to, sink_state, serving=name if serving else None)
     fs, root = _fs.filesystem(uri)
-    _prepare_location(fs, root, handle, uri)
+    _prepare_location(fs, root, handle, uri, replace_unfinished)
     store = handle.record_store()
     allocated, _ = store.update(handle.sink_id, fold_sink, allocate)
     assert allocated is not None and allocated.snapshot_id is not None  # allocate always appends
     snapshot_id: int = allocated.snapshot_id
+    existed = fs.exists(root)
     fs.makedirs(root, exist_ok=True)
-    with fs.open(_fs.join(root, EXPORT_MARKER), "w") as f:
-        f.write(json.dumps({"sink_id": handle.sink_id, "snapshot_id": snapshot_id, "name": name}))
+    owner = _owner()
+    token = owner["token"]
+    marker = {"sink_id": handle.sink_id, "snapshot_id": snapshot_id, "name": name, "owner": owner}
+    _write_marker(fs, root, marker, uri)
+    _LIVE_TOKENS.add(token)
+    try:
+        return _copy_and_register(
+            handle,
+            name,
+            uri,
+            fs,
+            root,
+            token,
+            record,
+            version,
+            snapshot_id,
+            progress=progress,
+            spark=spark,
+            serving=serving,
+            details=details,
+        )
+    except BaseException:
+        if _still_ours(fs, root, token):  # our own partial copy: nobody else needs it
+            log.warning("export %r to %s failed: removing its partial copy", name, uri)
+            try:
+                fs.rm(root, recursive=True)
+                if existed:
+                    fs.makedirs(root, exist_ok=True)
+            except Exception as e:  # noqa: BLE001 - the marker says what is left
+                log.error("could not remove the partial copy at %s: %r", uri, e)
+        raise
+    finally:
+        _LIVE_TOKENS.discard(token)
 
+
+def _copy_and_register(
+    handle: admin.SinkHandle,
+    name: str,
+    uri: str,
+    fs,
+    root: str,
+    token: str,
+    record: SnapshotRecord,
+    version: int,
+    snapshot_id: int,
+    *,
+    progress: Progress | None,
+    spark,
+    serving: bool,
+    details: Mapping[str, Any] | None,
+) -> NamedSnapshot:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    store = handle.record_store()
     options = dict(handle.storage_options) or None
     assert handle.target_uri is not None  # _check_to
     copied = copy_table(
@@ -404,6 +736,10 @@ def _export_pinned(
         state_tables = state_export.export_state(
             spark, handle.checkpoint, record.batch_id, uri, storage_options=options
         )
+    # each state file's size and CRC32, checked by verify like the data files
+    state_json = [
+        {**t.to_json(), "files": _table_files(_fs.join(uri, t.path), options)} for t in state_tables
+    ]
     created = datetime.now(timezone.utc)
     offsets = list(record.source_offsets) or [None]
     n = len(offsets)
@@ -422,7 +758,7 @@ def _export_pinned(
             "files": [len(copied.files)] * n,
             "bytes": [copied.bytes] * n,
             "data_checksum": [copied.checksum] * n,
-            "state_tables": [json.dumps([t.to_json() for t in state_tables])] * n,
+            "state_tables": [json.dumps(state_json)] * n,
             "created_at": pa.array([created] * n, pa.timestamp("us", tz="UTC")),
         }
     )
@@ -445,11 +781,30 @@ def _export_pinned(
             "checkpoint": handle.checkpoint,
             "stateful": handle.checkpoint is not None
             and has_state(handle.checkpoint, dict(handle.storage_options)),
-            "state_tables": [t.to_json() for t in state_tables],
+            "state_tables": state_json,
             **(details or {}),
         },
     )
-    _, after = store.update(handle.sink_id, fold_sink, lambda s: register_named(s, entry))
+
+    def register(s: SinkState):
+        if not _still_ours(fs, root, token):
+            raise TxnError(
+                f"export {name!r} to {uri}: its export marker was replaced by another "
+                "export (--replace-unfinished?) while it copied; not registered, and the "
+                "data there is left to that export"
+            )
+        if serving and name not in s.export_requests:
+            raise TxnError(f"the requested export {name!r} was cancelled while it ran")
+        for other in s.named.values():
+            how = _relation(uri, other.location)
+            if how is not None:
+                raise TxnError(
+                    f"export {name!r}: {uri} {how} the location of snapshot {other.name!r} "
+                    f"({other.location}), registered while this export copied; not registered"
+                )
+        return register_named(s, entry)
+
+    _, after = store.update(handle.sink_id, fold_sink, register)
     log.info(
         "sink %s: exported snapshot %r (batch %d, table version %d): %d rows, %d files, "
         "%d bytes, %d state tables to %s",
@@ -484,7 +839,14 @@ def request_export(
     handle = admin.open_sink(location, sink)
     sink_state = handle.load()
     _check_name_free(sink_state, name)
-    uri = _check_to(handle, to)
+    uri = _check_to(handle, to, sink_state)
+    fs, root = _fs.filesystem(uri)
+    if _inspect_location(fs, root, handle, uri) is not None:
+        raise ConfigError(
+            f"--to {uri}: holds the partial copy of an export that never finished; a "
+            "requested export does not remove it: export there now (it is removed first) "
+            "or choose another location"
+        )
     checkpoint = handle.checkpoint
     if (
         state != "skip"
@@ -498,11 +860,42 @@ def request_export(
         )
     if state == "include":
         raise ConfigError("state=include: a requested export cannot read state tables")
-    _, after = handle.record_store().update(
-        handle.sink_id, fold_sink, lambda s: request_export_event(s, name, uri), sink_state
-    )
+
+    def requested(s: SinkState):
+        _check_to(handle, uri, s)  # nobody took the place since
+        return request_export_event(s, name, uri)
+
+    _, after = handle.record_store().update(handle.sink_id, fold_sink, requested, sink_state)
     log.info("sink %s: export %r to %s requested for the next commit", handle.sink_id, name, uri)
     return after.export_requests[name]
+
+
+def cancel_request(
+    location: str, name: str, *, sink: str | None = None, reason: str | None = None
+) -> ExportRequest:
+    """Withdraw a pending :func:`request_export` (an ``export_failed`` event saying it was
+    cancelled, written safely). Refused once the export ran: delete the snapshot then."""
+    handle = admin.open_sink(location, sink)
+    text = "cancelled" + (f": {reason}" if reason else " by cancel_request")
+    taken: list[ExportRequest] = []
+
+    def cancel(s: SinkState):
+        if name in s.named:
+            raise ConfigError(
+                f"sink {s.sink_id!r}: export {name!r} already ran (it is snapshot "
+                f"{s.named[name].snapshot_id}); delete it instead"
+            )
+        if name not in s.export_requests:
+            raise ConfigError(
+                f"sink {s.sink_id!r} has no export {name!r} requested; requested: "
+                f"{', '.join(sorted(s.export_requests)) or 'none'}"
+            )
+        taken[:] = [s.export_requests[name]]
+        return fail_export(s, name, text)
+
+    handle.record_store().update(handle.sink_id, fold_sink, cancel)
+    log.info("sink %s: requested export %r cancelled", handle.sink_id, name)
+    return taken[0]
 
 
 def serve_export_requests(
@@ -550,7 +943,10 @@ def wait_for_export(
         if name in state.named:
             return state.named[name]
         if name in state.export_failures:
-            raise TxnError(f"the requested export {name!r} failed: {state.export_failures[name]}")
+            failure = state.export_failures[name]
+            if failure.startswith("cancelled"):
+                raise TxnError(f"the requested export {name!r} was {failure}")
+            raise TxnError(f"the requested export {name!r} failed: {failure}")
         if name not in state.export_requests:
             raise ConfigError(f"sink {handle.sink_id!r} has no export {name!r} requested")
         if query is not None and not query.isActive:
@@ -561,7 +957,8 @@ def wait_for_export(
         if deadline is not None and time.monotonic() > deadline:
             raise TxnError(
                 f"export {name!r} was not taken within {timeout} s: the sink exports at its "
-                "next commit, and no batch committed since the request"
+                "next commit, and no batch committed since the request. It is still "
+                "requested; cancel it with cancel_request (`pyspark-txn snapshots cancel`)"
             )
         time.sleep(poll_s)
 
@@ -586,6 +983,7 @@ def stop_and_export(
     state: str = "auto",
     spark=None,
     progress: Progress | None = None,
+    replace_unfinished: bool = False,
 ) -> NamedSnapshot:
     """A terminal snapshot: stop ``query``, settle its sink, export its last committed batch.
 
@@ -596,8 +994,7 @@ def stop_and_export(
     """
     location = checkpoint or query_checkpoint(query)
     handle = admin.open_sink(location, sink)
-    _check_name_free(handle.load(), name)
-    _check_to(handle, to)
+    _check_destination(handle, handle.load(), name, to, replace_unfinished)
     session = _state_session(handle, state, spark)
     query.stop()
     admin.settle(location, sink, reason=f"stop_and_export {name!r}")
@@ -612,6 +1009,7 @@ def stop_and_export(
         progress=progress,
         spark=session,
         details={"terminal": True},
+        replace_unfinished=replace_unfinished,
     )
 
 
@@ -627,6 +1025,7 @@ class ExportCheck:
     rows: int | None
     files: int
     problems: tuple[str, ...] = field(default_factory=tuple)
+    readable: bool = True  # False: the data table could not be read at all
 
     @property
     def ok(self) -> bool:
@@ -637,8 +1036,9 @@ class ExportCheck:
             "name": self.name,
             "location": self.location,
             "ok": self.ok,
-            "rows": self.rows,
-            "files": self.files,
+            "readable": self.readable,
+            "rows": self.rows if self.readable else "unreadable",
+            "files": self.files if self.readable else "unreadable",
             "problems": list(self.problems),
         }
 
@@ -646,12 +1046,15 @@ class ExportCheck:
 def verify(
     location: str, name: str, sink: str | None = None, progress: Progress | None = None
 ) -> ExportCheck:
-    """Re-read the export's data table and compare it with the registry entry: the same
-    files with the same sizes and CRC32s, and the same row count in their footers."""
+    """Re-read the export and compare it with the registry entry: the data table's
+    files with the same sizes and CRC32s and the same row count in their footers,
+    every row of the manifest table, and each state table's files (sizes and CRC32s;
+    entries written before those were recorded: the row count)."""
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
     entry = show(location, name, sink)
+    sink_id = admin.open_sink(location, sink).sink_id
     expected = {path: (size, crc) for path, size, crc in entry.details.get("files", [])}
     data_uri = _fs.join(entry.location, "data")
     problems: list[str] = []
@@ -660,7 +1063,10 @@ def verify(
 
         adds = pa.table(DeltaTable(data_uri).get_add_actions(flatten=False)).to_pylist()
     except Exception as e:
-        return ExportCheck(name, entry.location, None, 0, (f"{data_uri}: unreadable: {e}",))
+        problems = [f"{data_uri}: unreadable: {e}"]
+        problems += _check_manifest(entry, sink_id)
+        problems += _check_state_tables(entry)
+        return ExportCheck(name, entry.location, None, 0, tuple(problems), readable=False)
     listed = {a["path"] for a in adds}
     for path in sorted(set(expected) - listed):
         problems.append(f"{path}: missing from the exported table's log")
@@ -691,8 +1097,96 @@ def verify(
             rows += pq.ParquetFile(f).metadata.num_rows
     if not problems and rows != entry.details.get("rows"):
         problems.append(f"{rows} rows in the files, the snapshot says {entry.details.get('rows')}")
+    problems.extend(_check_manifest(entry, sink_id))
     problems.extend(_check_state_tables(entry))
     return ExportCheck(name, entry.location, rows, len(listed), tuple(problems))
+
+
+def _check_manifest(entry: NamedSnapshot, sink_id: str) -> list[str]:
+    """Every row of ``<to>/manifest`` says what the registry entry says."""
+    from deltalake import DeltaTable
+
+    uri = _fs.join(entry.location, "manifest")
+    try:
+        rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
+    except Exception as e:
+        return [f"{uri}: unreadable manifest: {e}"]
+    d = entry.details
+    offsets = list(d.get("source_offsets") or []) or [None]
+    problems = []
+    if len(rows) != len(offsets):
+        problems.append(
+            f"manifest: {len(rows)} rows, the snapshot has {len(offsets)} source(s) (one row each)"
+        )
+    state_tables = list(d.get("state_tables") or [])
+    expected_all = {
+        "name": entry.name,
+        "snapshot_id": entry.snapshot_id,
+        "of_snapshot_id": entry.of_snapshot_id,
+        "batch_id": entry.batch_id,
+        "sink_id": sink_id,
+        "query_id": d.get("query_id"),
+        "table_version": entry.target_version,
+        "rows": d.get("rows"),
+        "files": len(d.get("files") or []),
+        "bytes": d.get("bytes"),
+        "data_checksum": d.get("data_checksum"),
+    }
+    for row in sorted(rows, key=lambda r: (r.get("source_index") is None, r.get("source_index"))):
+        i = row.get("source_index")
+        where = f"manifest row of source {i}"
+        if not isinstance(i, int) or not 0 <= i < len(offsets):
+            problems.append(f"manifest: a row names source {i!r}, the snapshot has {len(offsets)}")
+            continue
+        expected = {
+            **expected_all,
+            "source_offset": json.dumps(offsets[i], sort_keys=True),
+        }
+        for key, want in expected.items():
+            if row.get(key) != want:
+                problems.append(f"{where}: {key} is {row.get(key)!r}, the snapshot says {want!r}")
+        try:
+            got_state = json.loads(row.get("state_tables") or "[]")
+        except ValueError:
+            got_state = row.get("state_tables")
+        if got_state != state_tables:
+            problems.append(f"{where}: state_tables differ from the snapshot's")
+    return problems
+
+
+def _check_files(uri: str, label: str, files: list[list[Any]]) -> list[str]:
+    """The table at ``uri`` lists exactly ``files``, each with its recorded size and CRC32."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    try:
+        listed = set(pa.table(DeltaTable(uri).get_add_actions(flatten=False)).column("path"))
+        listed = {str(p) for p in listed}
+    except Exception as e:
+        return [f"{label}: unreadable table: {e}"]
+    fs, root = _fs.filesystem(uri)
+    expected = {path: (size, crc) for path, size, crc in files}
+    problems = [
+        f"{label}/{p}: missing from the table's log" for p in sorted(set(expected) - listed)
+    ]
+    problems += [
+        f"{label}/{p}: in the table but not in the snapshot" for p in sorted(listed - set(expected))
+    ]
+    for path in sorted(set(expected) & listed):
+        size, crc = expected[path]
+        full = _fs.join(root, unquote(path))
+        try:
+            got_size = fs.info(full)["size"]
+        except FileNotFoundError:
+            problems.append(f"{label}/{path}: file is missing")
+            continue
+        if got_size != size:
+            problems.append(f"{label}/{path}: {got_size} bytes, the snapshot says {size}")
+            continue
+        got = admin.crc32_of(fs, full, lambda _n: None)
+        if got != crc:
+            problems.append(f"{label}/{path}: CRC32 {got}, the snapshot says {crc}")
+    return problems
 
 
 def _check_state_tables(entry: NamedSnapshot) -> list[str]:
@@ -702,6 +1196,8 @@ def _check_state_tables(entry: NamedSnapshot) -> list[str]:
     problems = []
     for table in entry.details.get("state_tables", []):
         uri = _fs.join(entry.location, table["path"])
+        if table.get("files") is not None:
+            problems.extend(_check_files(uri, table["path"], table["files"]))
         try:  # counting reads every file's footer: a missing or truncated file fails here
             rows = DeltaTable(uri).to_pyarrow_dataset().count_rows()
         except Exception as e:
@@ -716,7 +1212,22 @@ def delete(location: str, name: str, sink: str | None = None) -> NamedSnapshot:
     """Unregister ``name`` (a safe event), then remove its export folder."""
     handle = admin.open_sink(location, sink)
     entry = show(location, name, sink)
-    handle.record_store().update(handle.sink_id, fold_sink, lambda s: delete_named(s, name))
+
+    def deleted(s: SinkState):
+        # an older entry may sit inside this one's folder (registered before the checks)
+        for other in s.named.values():
+            if other.name != name and _relation(other.location, entry.location) in (
+                "is",
+                "is inside",
+            ):
+                raise ConfigError(
+                    f"snapshot {name!r}: its folder {entry.location} holds the location of "
+                    f"snapshot {other.name!r} ({other.location}); delete {other.name!r} "
+                    "first (nothing was deleted)"
+                )
+        return delete_named(s, name)
+
+    handle.record_store().update(handle.sink_id, fold_sink, deleted)
     fs, root = _fs.filesystem(entry.location)
     marker = _read_marker(fs, root) if fs.exists(root) else None
     if marker is not None and marker.get("snapshot_id") == entry.snapshot_id:
@@ -747,7 +1258,8 @@ def source_offsets(location: str, name: str, sink: str | None = None) -> list[st
     """Spark's offset of every source of the snapshot's batch, as JSON (None: no offset).
 
     For Kafka the string is the source's ``startingOffsets`` JSON; for ``rate`` or
-    file sources it is what their offset log holds.
+    file sources it is what their offset log holds (not enough to resume them:
+    they keep more under the checkpoint's ``sources/``).
     """
     entry = show(location, name, sink)
     return [
@@ -805,8 +1317,10 @@ def prepare_query(
     Copies the exported data into a new table at ``path`` and writes a Spark
     checkpoint at ``checkpoint`` whose last committed batch is the snapshot's,
     with its offsets: a query with the same sources, started with this
-    checkpoint and a ``txn-delta`` sink on ``path``, reads on from there (our
-    sources and JVM ones alike) and continues the table. Stateful queries are
+    checkpoint and a ``txn-delta`` sink on ``path``, reads on from there and
+    continues the table. Only for sources whose offset alone is their position
+    (this package's sources, Kafka), not ``rate`` or the file source, which
+    keep more under the checkpoint's ``sources/`` (not exported). Stateful queries are
     refused: Spark cannot load state from the exported tables.
     """
     entry = show(location, name, sink)
@@ -815,6 +1329,17 @@ def prepare_query(
             f"snapshot {name!r} is of a stateful query: its exported state tables can be read "
             "but Spark cannot start a query from them"
         )
+    from .sinks.delta import DeltaSinkOptions
+
+    # the sink's own check of the pair (same folder, checkpoint inside the table, ...):
+    # a prepared query it would refuse is refused before anything is written
+    try:
+        DeltaSinkOptions.parse({"path": path, "checkpointLocation": checkpoint})
+    except ConfigError as e:
+        raise ConfigError(
+            f"checkpoint {checkpoint} and path {path}: the txn-delta sink refuses this pair, "
+            f"so the prepared query could not start: {e}"
+        ) from e
     chk_uri, path_uri = _fs.normalize_uri(checkpoint), _fs.normalize_uri(path)
     chk_fs, chk_root = _fs.filesystem(chk_uri)
     path_fs, path_root = _fs.filesystem(path_uri)

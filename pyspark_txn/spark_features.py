@@ -18,8 +18,9 @@ from functools import cache
 from .errors import SparkFeatureError
 
 INSTALL_HINT = (
-    "pyspark-txn needs PySpark >= 4.0 (pip install 'pyspark-txn[spark]') or a "
-    "runtime that ships the Python data source API (Databricks Runtime 15.4 LTS or newer)"
+    "pyspark-txn needs PySpark >= 4.0 (install pyspark-txn with its 'spark' extra) or a "
+    "runtime that ships the Python data source API with streaming readers and writers "
+    "(see docs/databricks.md#runtimes)"
 )
 
 

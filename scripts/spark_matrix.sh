@@ -15,7 +15,9 @@ PY=${PYTHON:-python3}
 PYSPARK_40=${PYSPARK_40:-4.0.5}
 PYSPARK_35=${PYSPARK_35:-3.5.7}
 SUBSET=(tests/spark/test_sink.py tests/spark/test_crash.py tests/spark/test_types.py
-  tests/spark/test_delta_to_delta.py)
+  tests/spark/test_delta_to_delta.py
+  "tests/notebooks/test_notebooks.py::test_notebook_runs[01_quickstart]"
+  "tests/notebooks/test_notebooks.py::test_notebook_runs[03_crash_and_recover]")
 MAIN_PURELIB=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 export SPARK_LOCAL_IP=127.0.0.1
 mkdir -p .matrix

@@ -8,31 +8,16 @@ from pathlib import Path
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+import pyspark_txn
 from pyspark_txn.sinks.staging import STAGING_ROOT
-from pyspark_txn.sources._common import HAS_ADMISSION_CONTROL
 from pyspark_txn.sources.sequence import expected_rows
 from pyspark_txn.state import DeltaEventLog, RecordStore, check_invariants
 
 
 def run_to_end(writer):
-    """Start ``writer`` (a DataStreamWriter), process everything available, stop; the query.
-
-    ``availableNow`` where PySpark has admission control for Python sources
-    (4.2+). Without it (4.0, 4.1) Spark's ``availableNow`` reads a single batch
-    of a Python source, so the documented alternative runs instead: a
-    processing-time trigger drained with ``processAllAvailable``. Failures
-    raise as from ``awaitTermination``.
-    """
-    if HAS_ADMISSION_CONTROL:
-        q = writer.trigger(availableNow=True).start()
-        q.awaitTermination()
-        return q
-    q = writer.trigger(processingTime="0 seconds").start()
-    try:
-        q.processAllAvailable()
-    finally:
-        q.stop()
-    return q
+    """Start ``writer``, process everything available, stop; the query (see
+    :func:`pyspark_txn.process_available`: ``availableNow`` where it drains a Python source)."""
+    return pyspark_txn.process_available(writer)
 
 
 class PipelineRunner:

@@ -11,13 +11,14 @@ the commit messages and the options.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import _fs
+from .._options import parse_storage_options
 from ..checkpoint import (
     default_record_table,
     persisted_sink_id,
@@ -129,9 +130,25 @@ def _parse_compression(value: str) -> str:
     return codec
 
 
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
+_NO_DELTA_RS = ("dbfs",)
+
+
 def _check_location(option: str, value: str) -> None:
     """Characters delta-rs cannot take in a table URL, or that a local path would lose
     (it is read as a URL: ``%20`` becomes a space), are refused by name."""
+    scheme = _SCHEME.match(value.strip())
+    if scheme and scheme.group(1).lower() in _NO_DELTA_RS:
+        raise ConfigError(
+            f"option {option}={value!r}: delta-rs cannot commit to Databricks' DBFS; use a "
+            "cloud URI (s3://, abfss://, gs://) with storageOptions (docs/databricks.md)"
+        )
+    if scheme and scheme.group(1).lower() != "file" and "://" not in value:
+        raise ConfigError(
+            f"option {option}={value!r}: {scheme.group(1)}: looks like a URI scheme without "
+            "'//' (it would be read as a local folder of that name); write "
+            f"{scheme.group(1)}://... or a local path"
+        )
     bad = sorted(set(value) & set("[]" if "://" in value else "[]%"))
     if bad:
         raise ConfigError(
@@ -225,19 +242,6 @@ class DeltaSinkOptions:
                     f"option recordTable={record_table!r} and path={path!r} overlap: the record "
                     "table must live outside the target table (default: inside the checkpoint)"
                 )
-        storage: dict[str, Any] = {}
-        if opts.get("storageoptions"):
-            try:
-                storage = json.loads(opts["storageoptions"])
-            except ValueError as e:
-                raise ConfigError(f"option storageOptions is not valid JSON: {e}") from None
-            if not isinstance(storage, dict) or not all(
-                isinstance(v, str) for v in storage.values()
-            ):
-                raise ConfigError(
-                    "option storageOptions: expected a JSON object of string values, e.g. "
-                    '{"AWS_REGION": "eu-west-1"}'
-                )
         partition_by = tuple(c.strip() for c in opts.get("partitionby", "").split(",") if c.strip())
         if len(set(partition_by)) != len(partition_by):
             raise ConfigError(f"option partitionBy={opts['partitionby']!r} repeats a column")
@@ -249,7 +253,9 @@ class DeltaSinkOptions:
             explicit_sink_id=explicit is not None,
             query_name=opts.get("queryname"),
             partition_by=partition_by,
-            storage_options=tuple(sorted(storage.items())),
+            storage_options=parse_storage_options(
+                opts.get("storageoptions"), "txn-delta sink", "storageOptions"
+            ),
             fs_options=tuple(sorted((k[3:], v) for k, v in opts.items() if k.startswith("fs."))),
             merge_schema=parse_bool("mergeSchema", opts.get("mergeschema", "false")),
             row_group_rows=parse_positive_int("rowGroupRows", opts.get("rowgrouprows", "1000000")),

@@ -42,6 +42,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from .. import _fs
+from .._options import parse_storage_options
 from ..errors import ConfigError, SourceError
 from ..sinks.delta import spark_to_arrow_schema
 from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order
@@ -133,7 +134,9 @@ class DeltaSourceOptions:
             starting=starting,
             max_files_per_batch=int(raw_max),
             ignore_changes=ignore == "true",
-            storage_options=_parse_storage_options(opts.get("storageoptions")),
+            storage_options=parse_storage_options(
+                opts.get("storageoptions"), "txn-delta source", "storageOptions"
+            ),
             fs_options=tuple(sorted((k[3:], v) for k, v in opts.items() if k.startswith("fs."))),
         )
 
@@ -164,26 +167,6 @@ class DeltaSourceOptions:
         return StructType.fromJson(
             _strip_delta_metadata(json.loads(self.table().schema().to_json()))
         )
-
-
-def _parse_storage_options(raw: str | None) -> tuple[tuple[str, str], ...]:
-    if not raw:
-        return ()
-    try:
-        storage = json.loads(raw)
-    except ValueError as e:
-        raise ConfigError(
-            f"txn-delta source: option storageOptions is not valid JSON ({e}); expected a JSON "
-            'object of strings, e.g. {"AWS_REGION": "eu-west-1"}'
-        ) from None
-    if not isinstance(storage, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in storage.items()
-    ):
-        raise ConfigError(
-            "txn-delta source: option storageOptions must be a JSON object of string values, "
-            f"got {raw!r}"
-        )
-    return tuple(sorted(storage.items()))
 
 
 def _strip_delta_metadata(node: Any) -> Any:

@@ -47,6 +47,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pyspark.sql.datasource import DataSource
 
+from .._options import parse_storage_options
 from ..errors import ConfigError, SourceError
 from ..faults import FaultPlan
 from .acknowledging import (
@@ -92,6 +93,7 @@ _OPTION_NAMES = {k.lower(): k for k in REDIS_OPTIONS}
 PAYLOAD_FORMATS = ("raw", "json")
 _ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
 _CHUNK = 1000  # ids per pipelined round trip
+_FETCH_ROWS = 10_000  # messages per Arrow batch a read task yields
 
 
 def _entry_key(entry_id: str) -> tuple[int, int]:
@@ -135,25 +137,6 @@ def _bool(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
     if value not in ("true", "false"):
         raise ConfigError(f"{FORMAT}: option {name}={raw!r}: expected true or false")
     return value == "true"
-
-
-def _storage_options(raw: str | None) -> tuple[tuple[str, str], ...]:
-    if not raw:
-        return ()
-    try:
-        parsed = json.loads(raw)
-    except ValueError as e:
-        raise ConfigError(
-            f"{FORMAT}: option claimLogStorageOptions is not valid JSON ({e}); expected a JSON "
-            'object of strings, e.g. {"AWS_REGION": "eu-west-1"}'
-        ) from None
-    if not isinstance(parsed, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in parsed.items()
-    ):
-        raise ConfigError(
-            f"{FORMAT}: option claimLogStorageOptions must be a JSON object of string values"
-        )
-    return tuple(sorted(parsed.items()))
 
 
 @dataclass(frozen=True)
@@ -271,7 +254,9 @@ class RedisSourceOptions(BrokerConfig):
             ssl["ssl_check_hostname"] = _bool(opts, "sslcheckhostname", "sslCheckHostname", True)
         source_id = f"redis:{group}"
         claim_log = ClaimLogConfig.locate(
-            FORMAT, opts, source_id, _storage_options(opts.get("claimlogstorageoptions"))
+            FORMAT, opts, source_id, parse_storage_options(
+                opts.get("claimlogstorageoptions"), FORMAT, "claimLogStorageOptions"
+            )
         )
         consumer = (opts.get("consumer") or "").strip()
         if "consumer" in opts and not consumer:
@@ -555,17 +540,42 @@ class RedisBroker(Broker):
         return out
 
     def _ranges(self, ids: Sequence[str]) -> list[tuple[str, list]]:
-        """``XRANGE id id`` for each id, pipelined: (id, entries) in order."""
-        out: list[tuple[str, list]] = []
-        for i in range(0, len(ids), _CHUNK):
-            chunk = ids[i : i + _CHUNK]
+        """(id, entries) for each id, in order; entries is empty for an id the stream lacks.
+
+        A claim is mostly a run of consecutive entries, so each stream's ids are read
+        sorted, ``_CHUNK`` at a time, with one ``XRANGE first last COUNT n`` each
+        (pipelined): one reply of n entries parses ~10x faster than n replies. Ids such
+        a range does not return (entries of other consumers in between cut it short,
+        or the entry is gone) are then read one by one.
+        """
+        wanted = set(ids)
+        found: dict[str, list] = {}
+        by_stream: dict[str, list[str]] = {}
+        for m in wanted:
+            s, entry = _split_id(m)
+            by_stream.setdefault(s, []).append(entry)
+        pipe = self.r.pipeline(transaction=False)
+        asked: list[str] = []
+        for s, entries in by_stream.items():
+            entries.sort(key=_entry_key)
+            for i in range(0, len(entries), _CHUNK):
+                chunk = entries[i : i + _CHUNK]
+                pipe.xrange(s, chunk[0], chunk[-1], count=len(chunk))
+                asked.append(s)
+        for s, got in zip(asked, self._call("XRANGE", pipe.execute), strict=True):
+            for entry in got:
+                m = f"{s}/{entry[0].decode()}"
+                if m in wanted:
+                    found[m] = [entry]
+        rest = [m for m in dict.fromkeys(ids) if m not in found]
+        for i in range(0, len(rest), _CHUNK):
+            chunk = rest[i : i + _CHUNK]
             pipe = self.r.pipeline(transaction=False)
             for m in chunk:
                 s, entry = _split_id(m)
                 pipe.xrange(s, entry, entry, count=1)
-            res = self._call("XRANGE", pipe.execute)
-            out.extend(zip(chunk, res, strict=True))
-        return out
+            found.update(zip(chunk, self._call("XRANGE", pipe.execute), strict=True))
+        return [(m, found[m]) for m in ids]
 
     def missing(self, ids: Sequence[str]) -> set[str]:
         return {m for m, entries in self._ranges(ids) if not entries}
@@ -589,8 +599,8 @@ class RedisBroker(Broker):
         payload = list(arrow_schema)[2:]
         if self.cfg.payload_format == "json":
             convert = _row_converter(payload)
-        for i in range(0, len(ids), _CHUNK):
-            got = self._ranges(ids[i : i + _CHUNK])
+        for i in range(0, len(ids), _FETCH_ROWS):
+            got = self._ranges(ids[i : i + _FETCH_ROWS])
             gone = [m for m, entries in got if not entries]
             if gone:
                 raise SourceError(
@@ -599,20 +609,19 @@ class RedisBroker(Broker):
                     f"read), e.g. {gone[:5]}: a replay cannot read them again; keep "
                     "unacknowledged entries in the stream (trim only acknowledged ones)"
                 )
-            msgs, streams, entry_ids, fields = [], [], [], []
-            for m, entries in got:
+            msgs, streams, entry_ids = [], [], []
+            for m, _ in got:
                 msgs.append(m)
                 s, entry = _split_id(m)
                 streams.append(s)
                 entry_ids.append(entry)
-                fields.append(_decode_fields(m, entries[0][1]))
             cols = [pa.array(streams, pa.string()), pa.array(entry_ids, pa.string())]
             if self.cfg.payload_format == "raw":
-                cols.append(pa.array([list(f.items()) for f in fields], type=payload[0].type))
+                cols.append(_fields_map(got, payload[0].type))
             else:
                 rows = [
-                    convert(m, _json_document(m, f, self.cfg.json_field))
-                    for m, f in zip(msgs, fields, strict=True)
+                    convert(m, _json_document(m, _decode_fields(m, e[0][1]), self.cfg.json_field))
+                    for m, e in got
                 ]
                 for j, fld in enumerate(payload):
                     try:
@@ -620,6 +629,30 @@ class RedisBroker(Broker):
                     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
                         raise SourceError(f"{FORMAT}: column {fld.name!r} ({fld.type}): {e}") from e
             yield pa.RecordBatch.from_arrays(cols, schema=arrow_schema)
+
+
+def _fields_map(got: Sequence[tuple[str, list]], map_type: Any) -> Any:
+    """The ``fields`` column from raw entries, built from flat key/value arrays: Arrow
+    checks the UTF-8 of all of them at once (per-message decoding cost ~3x more)."""
+    import pyarrow as pa
+
+    offsets, keys, values = [0], [], []
+    for _, entries in got:
+        raw = entries[0][1]
+        keys.extend(raw.keys())
+        values.extend(raw.values())
+        offsets.append(len(keys))
+    try:
+        return pa.MapArray.from_arrays(
+            pa.array(offsets, pa.int32()),
+            pa.array(keys, pa.binary()).cast(pa.string()),
+            pa.array(values, pa.binary()).cast(pa.string()),
+            type=map_type,
+        )
+    except pa.ArrowInvalid:
+        for m, entries in got:
+            _decode_fields(m, entries[0][1])  # names the message that is not UTF-8
+        raise
 
 
 def _decode_fields(message_id: str, raw: Mapping[bytes, bytes]) -> dict[str, str]:

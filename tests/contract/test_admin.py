@@ -457,7 +457,8 @@ def test_cli_records_still_works(sink, capsys):
     admin.abandon_snapshot(sink.handle(), rec.snapshot_id, "test")
     code, out, _ = run_cli(capsys, "records", sink.chk)
     assert code == 0 and f"sink {sink.sink_id}" in out
-    assert "last_committed_batch=1" in out and "reason: test" in out
+    assert "last recorded batch: 1; phase 2 confirmed in the record table through batch 1" in out
+    assert "reason: test" in out
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import pyarrow.compute as pc
 import pytest
@@ -56,6 +57,33 @@ def test_export_of_an_older_snapshot_is_the_table_as_of_that_batch(sink, tmp_pat
     assert named.batch_id == 1 and ids_of(str(tmp_path / "b1" / "data")) == list(range(20))
     with pytest.raises(ConfigError, match="no kept record of snapshot 99"):
         snapshots.export(sink.chk, "nope", str(tmp_path / "nope"), snapshot=99)
+
+
+def test_export_by_spark_batch_id(sink, tmp_path, capsys):
+    sink.batch(4, [], source_offsets=[{"index": 50}])  # snapshot ids and batch ids part ways
+    sink.batch(5, [50])
+    state = sink.handle().load()
+    (rec,) = [r for r in state.records.values() if r.batch_id == 2]
+    named = snapshots.export(sink.chk, "b2", str(tmp_path / "b2"), batch=2)
+    assert named.batch_id == 2 and named.of_snapshot_id == rec.snapshot_id
+    assert ids_of(str(tmp_path / "b2" / "data")) == list(range(30))
+    code, out, _ = run_cli(
+        capsys,
+        "snapshots",
+        "export",
+        sink.chk,
+        "b4",
+        "--to",
+        tmp_path / "b4",
+        "--batch",
+        "4",
+        "--json",
+    )
+    assert code == 0 and json.loads(out)["batch_id"] == 4
+    with pytest.raises(ConfigError, match="no kept record of batch 9 .kept: batches 0 to 5"):
+        snapshots.export(sink.chk, "b9", str(tmp_path / "b9"), batch=9)
+    with pytest.raises(ConfigError, match="exclude each other"):
+        snapshots.export(sink.chk, "b9", str(tmp_path / "b9"), batch=1, snapshot=1)
 
 
 def test_verify_names_a_deleted_and_an_altered_file(sink, tmp_path):
@@ -184,8 +212,12 @@ def test_export_requested_at_the_next_commit_cuts_at_that_batch(sink, tmp_path):
 
 def test_a_failed_requested_export_is_recorded_and_never_fails_the_batch(sink, tmp_path):
     blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
+    with pytest.raises(ConfigError, match="is a file"):  # checked when requested
+        blocker.write_text("not a directory")
+        snapshots.request_export(sink.chk, "bad", str(blocker))
+    blocker.unlink()
     snapshots.request_export(sink.chk, "bad", str(blocker))
+    blocker.write_text("not a directory")  # taken after the request: the export fails
     sink.batch(4, list(range(40, 50)))  # committed although the export fails
     assert sink.ids() == list(range(50))
     with pytest.raises(TxnError, match="requested export 'bad' failed: .*is a file"):
@@ -217,12 +249,20 @@ def test_plain_export_after_empty_batches_pins_the_newest_batch(sink, tmp_path):
     assert snapshots.verify(sink.chk, "four").ok
 
 
-def test_a_sink_that_never_wrote_a_row_has_nothing_to_export(tmp_path):
-    empty = SinkDriver(tmp_path, name="empty")
-    empty.batch(0, [])
-    with pytest.raises(ConfigError, match="wrote no rows"):
-        snapshots.export(empty.chk, "none", str(tmp_path / "none"))
-    assert not os.path.exists(tmp_path / "none")
+def test_a_sink_whose_batches_wrote_no_rows_exports_an_empty_table(tmp_path):
+    # one empty batch or two: the same answer (its commit created the empty table)
+    for batches in (1, 2):
+        empty = SinkDriver(tmp_path, name=f"empty{batches}")
+        for b in range(batches):
+            empty.batch(b, [])
+        named = snapshots.export(empty.chk, "none", str(tmp_path / f"none{batches}"))
+        assert named.batch_id == batches - 1 and named.details["rows"] == 0
+        assert ids_of(str(tmp_path / f"none{batches}" / "data")) == []
+        assert snapshots.verify(empty.chk, "none").ok
+    never = SinkDriver(tmp_path, name="never")  # no batch at all: nothing to export
+    with pytest.raises(ConfigError, match="has no sink"):
+        snapshots.export(never.chk, "none", str(tmp_path / "never"))
+    assert not os.path.exists(tmp_path / "never")
 
 
 def test_stateful_checkpoints_need_spark_or_state_skip(sink, tmp_path, monkeypatch):
@@ -313,3 +353,358 @@ def test_cli_requests_offsets_and_prepare(sink, tmp_path, capsys):
         and "resumes after batch 4" in out
         and ids_of(str(tmp_path / "p")) == list(range(41))
     )
+
+
+# --- two exports, one place -------------------------------------------------------------
+
+
+def _paused_export(chk, name, to, go):
+    """A second process that exports, then waits for the file ``go`` before registering."""
+    script = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from pyspark_txn import snapshots
+        register = snapshots.register_named
+        def slow_register(*a, **k):
+            print("PAUSED", flush=True)
+            while not os.path.exists({str(go)!r}):
+                time.sleep(0.05)
+            return register(*a, **k)
+        snapshots.register_named = slow_register
+        try:
+            named = snapshots.export({chk!r}, {name!r}, {str(to)!r})
+        except Exception as e:
+            print("FAILED", type(e).__name__, e, flush=True)
+            sys.exit(3)
+        print("DONE", named.name, flush=True)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.strip() == "PAUSED", line + proc.stderr.read()[-2000:]
+    return proc
+
+
+def test_an_export_never_removes_the_copy_of_a_live_export(sink, tmp_path):
+    to, go = tmp_path / "shared", tmp_path / "go"
+    first = _paused_export(sink.chk, "first", to, go)  # tables committed, not registered
+    try:
+        with pytest.raises(ConfigError, match=rf"pid {first.pid} on host .*replace-unfinished"):
+            snapshots.export(sink.chk, "second", str(to))
+        assert ids_of(f"{to}/data") == list(range(40))  # the first's copy is untouched
+        go.touch()
+        out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 0 and "DONE first" in out, out + err[-2000:]
+    assert snapshots.verify(sink.chk, "first").ok
+    assert [n.name for n in snapshots.list_snapshots(sink.chk)] == ["first"]
+    with pytest.raises(ConfigError, match="is the location of snapshot 'first'"):
+        snapshots.export(sink.chk, "second", str(to))
+
+
+def test_replace_unfinished_wins_and_the_live_export_refuses_to_register(sink, tmp_path):
+    to, go = tmp_path / "shared", tmp_path / "go"
+    first = _paused_export(sink.chk, "first", to, go)
+    try:
+        second = snapshots.export(sink.chk, "second", str(to), replace_unfinished=True)
+        go.touch()
+        out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 3 and "marker was replaced by another export" in out, out + err
+    assert [n.name for n in snapshots.list_snapshots(sink.chk)] == ["second"]
+    assert second.location == str(to) and snapshots.verify(sink.chk, "second").ok
+    assert ids_of(f"{to}/data") == list(range(40))  # the loser left the winner's data alone
+
+
+# --- nested locations --------------------------------------------------------------------
+
+
+def test_exports_are_never_nested_in_or_around_other_places(sink, tmp_path):
+    outer = tmp_path / "exports" / "outer"
+    snapshots.export(sink.chk, "outer", str(outer))
+    handle = sink.handle()
+    cases = {
+        str(outer / "inner"): "is inside the location of snapshot 'outer'",
+        str(outer / "data" / "x"): "is inside the location of snapshot 'outer'",
+        str(tmp_path / "exports"): "contains the location of snapshot 'outer'",
+        str(outer): "is the location of snapshot 'outer'",
+        f"{sink.chk}/exp": "is inside the query's checkpoint",
+        f"{handle.record_table}/exp": "is inside the query's checkpoint",
+        str(tmp_path): "contains the sink's target",
+        f"{sink.target}/x": "is inside the sink's target",
+    }
+    for to, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            snapshots.export(sink.chk, "n", to)
+        with pytest.raises(ConfigError, match=message):
+            snapshots.request_export(sink.chk, "n", to)
+    link = tmp_path / "link"
+    os.symlink(sink.target, link)  # a symlink reaching into the target
+    with pytest.raises(ConfigError, match="is inside the sink's target"):
+        snapshots.export(sink.chk, "n", str(link / "x"))
+    assert not os.path.exists(os.path.join(sink.target, "x"))
+    assert not (outer / "inner").exists() and [
+        n.name for n in snapshots.list_snapshots(sink.chk)
+    ] == ["outer"]
+
+
+def test_delete_refuses_a_folder_holding_another_snapshot(sink, tmp_path):
+    from pyspark_txn.state import allocate, fold_sink
+    from pyspark_txn.state.core import register_named
+
+    outer = tmp_path / "outer"
+    named = snapshots.export(sink.chk, "outer", str(outer))
+    # an entry inside it, as versions without the nesting check could register
+    store = sink.handle().record_store()
+    event, _ = store.update(sink.sink_id, fold_sink, allocate)
+    inner = replace(named, name="inner", snapshot_id=event.snapshot_id, location=f"{outer}/in")
+    store.update(sink.sink_id, fold_sink, lambda s: register_named(s, inner))
+    with pytest.raises(ConfigError, match="holds the location of snapshot 'inner'"):
+        snapshots.delete(sink.chk, "outer")
+    assert snapshots.verify(sink.chk, "outer").ok  # nothing was deleted
+    assert {n.name for n in snapshots.list_snapshots(sink.chk)} == {"outer", "inner"}
+    snapshots.delete(sink.chk, "inner")  # the inner one can go first
+    snapshots.delete(sink.chk, "outer")  # then the outer one
+    assert snapshots.list_snapshots(sink.chk) == [] and not outer.exists()
+
+
+# --- stop_and_export checks first --------------------------------------------------------
+
+
+class StoppableQuery:
+    """Only what stop_and_export calls on a StreamingQuery: it must not be stopped."""
+
+    def __init__(self):
+        self.stopped = False
+
+    def stop(self):
+        self.stopped = True
+
+
+def test_stop_and_export_checks_everything_before_stopping(sink, tmp_path):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "f").write_text("x")
+    snapshots.export(sink.chk, "taken", str(tmp_path / "taken"))
+    query = StoppableQuery()
+    for name, to, message in [
+        ("t", busy, "is not empty"),
+        ("t", tmp_path / "taken" / "in", "is inside the location of snapshot 'taken'"),
+        ("taken", tmp_path / "new", "already has a snapshot named 'taken'"),
+        ("bad name", tmp_path / "new", "snapshot name"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            snapshots.stop_and_export(query, name, str(to), checkpoint=sink.chk, state="skip")
+        assert not query.stopped
+    named = snapshots.stop_and_export(
+        query, "t", str(tmp_path / "t"), checkpoint=sink.chk, state="skip"
+    )
+    assert query.stopped and named.details["terminal"] and snapshots.verify(sink.chk, "t").ok
+
+
+# --- verify reads the manifest ------------------------------------------------------------
+
+
+def test_verify_compares_every_manifest_row_with_the_registry(sink, tmp_path):
+    from deltalake import write_deltalake
+
+    to = tmp_path / "m"
+    snapshots.export(sink.chk, "m", str(to))
+    manifest = DeltaTable(str(to / "manifest")).to_pyarrow_table()
+    rows = manifest.to_pylist()
+    rows[0].update(rows=41, source_offset='{"index": 99}', batch_id=7)
+    import pyarrow as pa
+
+    write_deltalake(
+        str(to / "manifest"), pa.Table.from_pylist(rows, manifest.schema), mode="overwrite"
+    )
+    check = snapshots.verify(sink.chk, "m")
+    assert not check.ok
+    for key in ("rows is 41", "batch_id is 7", "source_offset is"):
+        assert any(key in p for p in check.problems), check.problems
+    assert len(check.problems) == 3
+
+
+# --- requested exports are visible, checked and cancellable --------------------------------
+
+
+def test_a_pending_request_is_visible_checked_and_cancellable(sink, tmp_path, capsys):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is not empty"):
+        snapshots.request_export(sink.chk, "r", str(busy))
+    snapshots.request_export(sink.chk, "r", str(tmp_path / "r"))
+    with pytest.raises(ConfigError, match="location requested for export 'r'"):
+        snapshots.request_export(sink.chk, "r2", str(tmp_path / "r" / "in"))
+    code, out, _ = run_cli(capsys, "snapshots", "list", sink.chk)
+    assert code == 0 and "r\trequested" in out
+    code, out, _ = run_cli(capsys, "snapshots", "list", sink.chk, "--json")
+    assert [(d["name"], d["state"]) for d in json.loads(out)] == [("r", "requested")]
+    code, out, _ = run_cli(capsys, "snapshots", "show", sink.chk, "r")
+    assert code == 0 and "requested (not exported yet)" in out and "snapshots cancel" in out
+    code, out, _ = run_cli(capsys, "status", sink.chk, "--json")
+    assert [r["name"] for r in json.loads(out)["export_requests"]] == ["r"]
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert "export 'r' requested for the next commit" in out
+    code, _, err = run_cli(capsys, "snapshots", "delete", sink.chk, "r", "--yes")
+    assert code == 2 and "requested for the next commit" in err and "cancel" in err
+    with pytest.raises(TxnError, match="still requested; cancel it"):
+        snapshots.wait_for_export(sink.chk, "r", timeout=0.1, poll_s=0.05)
+    code, out, _ = run_cli(capsys, "snapshots", "cancel", sink.chk, "r", "--json")
+    assert code == 0 and json.loads(out)["cancelled"]["name"] == "r"
+    with pytest.raises(TxnError, match="requested export 'r' was cancelled"):
+        snapshots.wait_for_export(sink.chk, "r", timeout=1)
+    sink.batch(4, list(range(40, 50)))  # the next commit exports nothing
+    assert snapshots.list_snapshots(sink.chk) == [] and not (tmp_path / "r").exists()
+    with pytest.raises(ConfigError, match="no export 'r' requested"):
+        snapshots.cancel_request(sink.chk, "r")
+    snapshots.request_export(sink.chk, "r", str(tmp_path / "r"))  # the name is free again
+    sink.batch(5, [50])
+    assert snapshots.wait_for_export(sink.chk, "r", timeout=5).batch_id == 5
+    code, _, err = run_cli(capsys, "snapshots", "cancel", sink.chk, "r")
+    assert code == 2 and "already ran" in err
+
+
+# --- prepare-query refuses what the sink refuses ---------------------------------------------
+
+
+def test_prepare_query_refuses_a_pair_the_sink_refuses(sink, tmp_path, capsys):
+    snapshots.export(sink.chk, "p", str(tmp_path / "p"))
+    same = tmp_path / "same"
+    for chk, path in [(same, same), (tmp_path / "t" / "chk", tmp_path / "t")]:
+        with pytest.raises(ConfigError, match="the txn-delta sink refuses this pair"):
+            snapshots.prepare_query(sink.chk, "p", str(chk), str(path))
+        assert not os.path.exists(path) and not os.path.exists(chk)
+    code, out, _ = run_cli(
+        capsys,
+        "snapshots",
+        "prepare-query",
+        sink.chk,
+        "p",
+        "--checkpoint",
+        same,
+        "--path",
+        same,
+        "--json",
+    )
+    assert code == 2 and "refuses this pair" in json.loads(out)["error"]
+
+
+# --- the CLI: --json everywhere, cheap checks before Spark, unreadable exports --------------
+
+
+def test_cli_json_for_delete_and_usage_errors(sink, tmp_path, capsys):
+    snapshots.export(sink.chk, "j", str(tmp_path / "j"))
+    code, out, _ = run_cli(capsys, "snapshots", "delete", sink.chk, "j", "--yes", "--json")
+    assert code == 0 and json.loads(out)["deleted"]["name"] == "j"
+    assert not (tmp_path / "j").exists()
+    for argv in [
+        ("snapshots", "export", sink.chk, "x", "--json"),  # --to missing
+        ("snapshots", "list", sink.chk, "--json", "--bogus"),
+        ("snapshots", "verify", "--json"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            run_cli(capsys, *argv)
+        out, _ = capsys.readouterr()
+        assert exit_.value.code == 2 and json.loads(out)["type"] == "UsageError", out
+    for command in (
+        "export",
+        "prepare-query",
+        "offsets",
+        "list",
+        "show",
+        "verify",
+        "delete",
+        "cancel",
+    ):
+        with pytest.raises(SystemExit):
+            run_cli(capsys, "snapshots", command, "--help")
+        assert "--json" in capsys.readouterr().out, command
+
+
+def test_cli_export_checks_cheap_errors_before_starting_spark(sink, tmp_path, capsys, monkeypatch):
+    import pyspark_txn.session
+
+    state_dir = tmp_path / "chk-a" / "state" / "0" / "0"  # a stateful query: would need Spark
+    state_dir.mkdir(parents=True)
+    (state_dir / "1.delta").write_bytes(b"x")
+
+    def no_spark(*a, **k):
+        raise AssertionError("a local Spark session was started")
+
+    monkeypatch.setattr(pyspark_txn.session, "local_session", no_spark)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "f").write_text("x")
+    for name, to, message in [
+        ("ok", busy, "is not empty"),
+        ("bad name", tmp_path / "n", "snapshot name"),
+        ("ok", f"{sink.target}/in", "inside the sink's target"),
+    ]:
+        code, _, err = run_cli(capsys, "snapshots", "export", sink.chk, name, "--to", to)
+        assert code == 2 and message in err, err
+
+
+def test_verify_of_an_unreadable_export_says_so(sink, tmp_path, capsys):
+    import shutil
+
+    to = tmp_path / "u"
+    snapshots.export(sink.chk, "u", str(to))
+    shutil.rmtree(to / "data" / "_delta_log")
+    code, out, _ = run_cli(capsys, "snapshots", "verify", sink.chk, "u")
+    assert code == 1 and "u: unreadable export at" in out and "None" not in out
+    code, out, _ = run_cli(capsys, "snapshots", "verify", sink.chk, "u", "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["readable"] is False and doc["rows"] == "unreadable"
+
+
+def test_kill_9_before_registration_leaves_committed_tables_that_are_no_snapshot(sink, tmp_path):
+    to = tmp_path / "k"
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from pyspark_txn import snapshots
+        def dying_register(*a, **k):
+            os.kill(os.getpid(), signal.SIGKILL)
+        snapshots.register_named = dying_register
+        snapshots.export({sink.chk!r}, "k", {str(to)!r})
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    # what docs/snapshots.md says: committed tables stay, unregistered, with the marker
+    assert DeltaTable.is_deltatable(str(to / "data")) and DeltaTable.is_deltatable(
+        str(to / "manifest")
+    )
+    marker = json.loads((to / snapshots.EXPORT_MARKER).read_text())
+    assert marker["name"] == "k" and marker["owner"]["pid"] != os.getpid()
+    assert snapshots.list_snapshots(sink.chk) == []
+    with pytest.raises(ConfigError, match="no snapshot named 'k'"):
+        snapshots.verify(sink.chk, "k")
+    snapshots.export(sink.chk, "k2", str(to))  # its writer is dead: removed, exported anew
+    assert snapshots.verify(sink.chk, "k2").ok and ids_of(str(to / "data")) == list(range(40))
+
+
+def test_a_failed_export_removes_its_own_partial_copy(sink, tmp_path, monkeypatch):
+    to = tmp_path / "f"
+    copy, n = snapshots._copy, [0]
+
+    def failing_copy(*a):
+        n[0] += 1
+        if n[0] == 3:
+            raise OSError("disk full (injected)")
+        return copy(*a)
+
+    monkeypatch.setattr(snapshots, "_copy", failing_copy)
+    with pytest.raises(OSError, match="disk full"):
+        snapshots.export(sink.chk, "f", str(to))
+    assert not to.exists() and snapshots.list_snapshots(sink.chk) == []
+    monkeypatch.setattr(snapshots, "_copy", copy)
+    assert snapshots.export(sink.chk, "f", str(to)).details["rows"] == 40
+    assert snapshots.verify(sink.chk, "f").ok

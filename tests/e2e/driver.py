@@ -1,6 +1,9 @@
 """A whole pipeline driver in its own process, for kill -9 and fencing tests.
 
-usage: driver.py BASE TOTAL PER_BATCH [--continuous RATE] [--option KEY=VALUE ...]
+usage: driver.py BASE TOTAL PER_BATCH [--continuous RATE] [--redis URL] [--option KEY=VALUE ...]
+
+With ``--redis URL`` the source is ``txn-redis`` (stream ``orders``, group ``g``
+from the stream's start, PER_BATCH messages a batch) instead of ``txn-sequence``.
 """
 
 import sys
@@ -12,8 +15,19 @@ def main() -> int:
     base, total, per_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     continuous = "--continuous" in sys.argv
     spark = pyspark_txn.local_session("pyspark-txn-e2e")
-    reader = spark.readStream.format("txn-sequence").option("rowsPerBatch", per_batch)
-    reader = reader.option("totalRows", total)
+    if "--redis" in sys.argv:
+        reader = (
+            spark.readStream.format("txn-redis")
+            .option("url", sys.argv[sys.argv.index("--redis") + 1])
+            .option("stream", "orders")
+            .option("group", "g")
+            .option("startId", "0")
+            .option("checkpointLocation", f"{base}/chk")
+            .option("maxMessagesPerBatch", per_batch)
+        )
+    else:
+        reader = spark.readStream.format("txn-sequence").option("rowsPerBatch", per_batch)
+        reader = reader.option("totalRows", total)
     if continuous:
         reader = reader.option("rowsPerSecond", sys.argv[sys.argv.index("--continuous") + 1])
     w = (

@@ -116,15 +116,23 @@ def test_install_cell_is_guarded(path, monkeypatch):
     assert ipython.magics == []
     assert _run_install_cell(source, monkeypatch, databricks=True) == []
 
+    # missing, and no PYSPARK_TXN said what to install: a clear error, nothing installed
+    # (pyspark-txn is not on PyPI: a bare name would install whatever holds it there)
+    with pytest.raises(ImportError, match="set PYSPARK_TXN"):
+        _run_install_cell(source, monkeypatch, missing={"pyspark_txn"})
+
+    wheel = "/Workspace/Shared/pyspark_txn-0.1.0-py3-none-any.whl"
+    assert "PYSPARK_TXN = None\n" in source
+    source = source.replace("PYSPARK_TXN = None\n", f"PYSPARK_TXN = {wheel!r}\n")
     # missing where Spark is installed (a cluster, Databricks): pyspark-txn alone, so the
     # runtime's PySpark is kept; outside IPython through this interpreter's pip
     calls = _run_install_cell(source, monkeypatch, missing={"pyspark_txn"})
-    assert calls == [[sys.executable, "-m", "pip", "install", "--quiet", "pyspark-txn"]]
+    assert calls == [[sys.executable, "-m", "pip", "install", "--quiet", wheel]]
     ipython = FakeIPython()
     _run_install_cell(
         source, monkeypatch, missing={"pyspark_txn"}, ipython=ipython, databricks=True
     )
-    assert ipython.magics == [("pip", "install --quiet pyspark-txn")]
+    assert ipython.magics == [("pip", f"install --quiet {wheel}")]
 
     # missing, PySpark too (a fresh Jupyter): %pip, so the notebook's own environment gets both
     ipython = FakeIPython()
@@ -133,7 +141,7 @@ def test_install_cell_is_guarded(path, monkeypatch):
     )
     assert calls == []
     lines = [shlex.split(line) for name, line in ipython.magics if name == "pip"]
-    assert lines[0] == ["install", "--quiet", "pyspark-txn"]
+    assert lines[0] == ["install", "--quiet", wheel]
     assert any(arg.startswith("pyspark>=") for args in lines[1:] for arg in args), lines
 
 

@@ -38,8 +38,9 @@ def _free_port() -> int:
 class RedisServer:
     """One redis-server process that this fixture started (and alone stops)."""
 
-    def __init__(self, binary: str, workdir: Path) -> None:
-        self.port = _free_port()
+    def __init__(self, binary: str, workdir: Path, port: int | None = None) -> None:
+        self.binary = binary
+        self.port = port or _free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.workdir = workdir
         self.log = open(workdir / "redis.log", "wb")  # noqa: SIM115 - closed in stop()
@@ -89,18 +90,35 @@ class RedisServer:
                 self.proc.wait()
         self.log.close()
 
+    def restart(self) -> RedisServer:
+        """The same server again (port, directory and so its append-only file)."""
+        self.stop()
+        return RedisServer(self.binary, self.workdir, self.port)
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory):
+
+def _binary() -> str:
     binary = _redis_server_binary()
     if binary is None:
         pytest.skip(
             "redis-server not found (Debian: apt-get install redis-server; scripts/setup.sh "
             "installs it)"
         )
-    server = RedisServer(binary, tmp_path_factory.mktemp("redis"))
+    return binary
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    server = RedisServer(_binary(), tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
+
+
+@pytest.fixture
+def own_redis_server(tmp_path_factory):
+    """A server of this test alone, which it may stop and restart."""
+    holder = {"server": RedisServer(_binary(), tmp_path_factory.mktemp("own-redis"))}
+    yield holder
+    holder["server"].stop()
 
 
 @pytest.fixture

@@ -79,6 +79,34 @@ def test_a_claimed_message_deleted_before_its_read_is_an_error(redis_server, red
         list(b.fetch(got, RAW))
 
 
+def test_fetch_reads_claims_interleaved_with_other_consumers_entries(
+    redis_server, redis_db, tmp_path
+):
+    """Range reads of a claim that other consumers' entries cut into: every claimed
+    entry once, in the claim's order, nothing of the others."""
+    for i in range(2500):
+        redis_db.xadd("s", {"k": str(i)})
+    mine = opened(options(redis_server, tmp_path, consumer="mine"))
+    other = opened(options(redis_server, tmp_path, consumer="other"))
+    claimed: list[str] = []
+    for _ in range(50):  # alternate: 7 entries ours, 43 theirs
+        claimed += mine.claim(7, 0)
+        other.claim(43, 0)
+    rows = [r for batch in mine.fetch(claimed, RAW) for r in batch.to_pylist()]
+    assert [f"s/{r['id']}" for r in rows] == claimed
+    assert len(claimed) == 350 and len(set(claimed)) == 350
+    by_id = {e.decode(): f for e, f in redis_db.xrange("s")}
+    assert all(dict(r["fields"]) == {"k": by_id[r["id"]][b"k"].decode()} for r in rows)
+
+
+def test_a_field_that_is_not_utf8_names_its_message(redis_server, redis_db, tmp_path):
+    redis_db.xadd("s", {"k": "fine"})
+    bad = redis_db.xadd("s", {"k": b"\xff\xfe"}).decode()
+    b = opened(options(redis_server, tmp_path))
+    with pytest.raises(SourceError, match=f"message s/{bad} has a field that is not UTF-8"):
+        list(b.fetch(b.claim(2, 0), RAW))
+
+
 def test_available_now_stops_at_what_existed(redis_server, redis_db, tmp_path):
     for i in range(5):
         redis_db.xadd("s", {"k": str(i)})

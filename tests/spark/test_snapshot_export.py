@@ -6,6 +6,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pyspark_txn import admin, snapshots
+from pyspark_txn.errors import ConfigError
 
 pytestmark = pytest.mark.spark
 
@@ -198,6 +199,19 @@ def test_named_export_of_a_stateful_aggregation_holds_readable_state(spark, tmp_
         for f in files
         if f.endswith(".parquet")
     ]
+    # a bit flipped inside a state file (same size, still readable) fails its CRC32
+    original = open(data_files[0], "rb").read()
+    flipped = bytearray(original)
+    flipped[len(flipped) // 2] ^= 0x01
+    with open(data_files[0], "wb") as f:
+        f.write(bytes(flipped))
+    check = snapshots.verify(chk, "agg")
+    assert not check.ok and any(table["path"] in p and "CRC32" in p for p in check.problems), (
+        check.problems
+    )
+    with open(data_files[0], "wb") as f:
+        f.write(original)
+    assert snapshots.verify(chk, "agg").ok
     os.remove(data_files[0])
     check = snapshots.verify(chk, "agg")
     assert not check.ok and any(table["path"] in p for p in check.problems), check.problems
@@ -214,6 +228,12 @@ def test_stop_and_export_of_a_running_stateful_query(spark, tmp_path):
         .start()
     )
     _wait_for_batch(q, 2)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is not empty"):  # checked before the stop
+        snapshots.stop_and_export(q, "stopped", str(busy))
+    assert q.isActive
     named = snapshots.stop_and_export(q, "stopped", str(tmp_path / "stopped"))
     assert not q.isActive and named.details["terminal"] is True
     (table,) = named.details["state_tables"]

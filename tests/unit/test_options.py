@@ -69,3 +69,55 @@ def test_table_properties_keep_their_delta_spelling_and_are_checked(tmp_path):
         DeltaSinkOptions.parse({**base, "delta.appendOnly": "yes please"})
     with pytest.raises(ConfigError, match="delta.colour: not a Delta table property"):
         DeltaSinkOptions.parse({**base, "delta.colour": "blue"})
+
+
+@pytest.mark.parametrize(
+    "raw, problem",
+    [("{nope", "is not valid JSON"), ('["a"]', "JSON object"), ('{"k": 1}', "string values")],
+)
+def test_storage_options_errors_name_the_format_and_option(tmp_path, raw, problem):
+    from pyspark_txn.sources.delta import DeltaSourceOptions
+    from pyspark_txn.sources.redis import RedisSourceOptions
+
+    chk = str(tmp_path / "c")
+    cases = [
+        (
+            DeltaSinkOptions.parse,
+            {"path": str(tmp_path / "t"), "checkpointLocation": chk, "storageOptions": raw},
+            "txn-delta sink: option storageOptions",
+        ),
+        (
+            DeltaSourceOptions.parse,
+            {"path": str(tmp_path / "t"), "storageOptions": raw},
+            "txn-delta source: option storageOptions",
+        ),
+        (
+            RedisSourceOptions.parse,
+            {
+                "url": "redis://h",
+                "stream": "s",
+                "group": "g",
+                "checkpointLocation": chk,
+                "claimLogStorageOptions": raw,
+            },
+            "txn-redis: option claimLogStorageOptions",
+        ),
+    ]
+    for parse, options, where in cases:
+        with pytest.raises(ConfigError) as e:
+            parse(options)
+        assert where in str(e.value) and problem in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(
+    "path, problem",
+    [
+        ("dbfs:/data/orders", "cannot commit to Databricks' DBFS"),
+        ("dbfs://data/orders", "cannot commit to Databricks' DBFS"),
+        ("s3:bucket/orders", "looks like a URI scheme without '//'"),
+    ],
+)
+def test_locations_delta_rs_cannot_use_are_refused_by_name(tmp_path, path, problem):
+    with pytest.raises(ConfigError, match=problem):
+        DeltaSinkOptions.parse({"path": path, "checkpointLocation": str(tmp_path / "c")})
+    assert not (tmp_path / "c").exists()

@@ -43,7 +43,7 @@ def test_without_pyspark_the_package_imports_and_register_says_it_is_missing():
     lines = out.strip().splitlines()
     assert len(lines) == 2, out
     for line in lines:
-        assert "PySpark is not installed" in line and "pyspark-txn[spark]" in line
+        assert "PySpark is not installed" in line and "'spark' extra" in line
 
 
 def test_a_pyspark_without_the_data_source_api_is_refused_naming_it():
