@@ -25,11 +25,16 @@ if ! command -v redis-server >/dev/null 2>&1; then
   apt_install redis-server
 fi
 
+# the txn-postgres tests start their own cluster (tests/pg_server.py): initdb and pg_ctl
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  apt_install postgresql
+fi
+
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv || { apt_install python3-venv; "$PYTHON" -m venv .venv; }
 fi
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "WARNING: Location" || true
-.venv/bin/python -m pip install -q -e '.[spark,dev,redis]' 2>&1 | grep -v "WARNING: Location" || true
-.venv/bin/python -c "import pyspark_txn, pyspark, deltalake, redis" \
+.venv/bin/python -m pip install -q -e '.[spark,dev,redis,postgres]' 2>&1 | grep -v "WARNING: Location" || true
+.venv/bin/python -c "import pyspark_txn, pyspark, deltalake, redis, psycopg" \
   || { echo "setup: pyspark-txn did not install" >&2; exit 1; }
