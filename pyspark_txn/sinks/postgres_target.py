@@ -300,6 +300,38 @@ def fast_kinds(columns: Sequence[Column], arrow_schema) -> tuple[str, ...] | Non
     return None if any(k is None for k in kinds) else tuple(k for k in kinds if k is not None)
 
 
+_INT_BITS = {INT2: 16, INT4: 32}
+
+
+def check_int_ranges(chunk, columns: Sequence[Column]) -> None:
+    """Refuse integers a narrower table column cannot hold, naming the column and value.
+
+    psycopg's binary int2/int4 dumpers wrap such values silently (2654435761 into
+    smallint arrives as 31153): the server never sees them, so it cannot refuse them.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for i, column in enumerate(columns):
+        bits = _INT_BITS.get(column.oid)
+        t = chunk.schema.field(i).type
+        if bits is None or not pa.types.is_integer(t) or t.bit_width <= bits:
+            continue
+        low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+        bounds = pc.min_max(chunk.column(i))
+        smallest, largest = bounds["min"].as_py(), bounds["max"].as_py()
+        if smallest is None:
+            continue
+        if smallest < low or largest > high:
+            bad = smallest if smallest < low else largest
+            name = "smallint" if bits == 16 else "integer"
+            raise ConfigError(
+                f"column {column.name!r}: value {bad} does not fit the table's {name} column "
+                f"({low}..{high}); nothing of this batch was written. Widen the column or "
+                "cast the value in the query"
+            )
+
+
 def _ident(*names: str):
     from psycopg import sql
 
@@ -357,6 +389,7 @@ def stage_partition(
                 for batch in _chain(first, it):
                     for start in range(0, batch.num_rows, cfg.batch_rows):
                         chunk = batch.slice(start, cfg.batch_rows)
+                        check_int_ranges(chunk, cfg.columns)
                         if cfg.fast_kinds is not None:
                             copy.write(_pgcopy.encode(chunk, cfg.fast_kinds))
                         else:

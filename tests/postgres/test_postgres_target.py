@@ -291,6 +291,28 @@ def test_an_existing_table_is_checked_column_by_column(pg, tmp_path):
         Sink((server, "nowhere"), tmp_path, createTable="false")
 
 
+def test_integers_a_narrower_column_cannot_hold_are_refused_not_wrapped(pg, tmp_path):
+    """psycopg's binary int2/int4 dumpers wrap silently (2654435761 into smallint arrived
+    as 31153): such a value fails the partition before anything is prepared."""
+    server, schema = pg
+    with server.connect() as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.t (id integer, v smallint)")
+    wide = pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.int64())])
+    sink = Sink(pg, tmp_path, arrow_schema=wide, createTable="false")
+    sid, tok = sink.committer.allocate()
+    for rows, message in [
+        ([{"id": 1, "v": 2654435761}], r"'v': value 2654435761 does not fit .* smallint"),
+        ([{"id": 5_000_000_000, "v": 1}], r"'id': value 5000000000 does not fit .* integer"),
+        ([{"id": 1, "v": -32769}], r"'v': value -32769 does not fit"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            sink.stage(sid, tok, [rows])
+    assert sink.prepared() == [] and sink.rows() == []
+    sink.run_batch([[{"id": 2**31 - 1, "v": -(2**15)}, {"id": 3, "v": None}]])
+    assert sink.rows() == [(3, None), (2**31 - 1, -(2**15))]
+
+
 def test_a_server_without_prepared_transactions_is_refused_naming_the_setting(tmp_path):
     from pg_server import PostgresServer, pg_bindir
 
