@@ -14,6 +14,7 @@ locks of its own earlier attempt.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -86,6 +87,8 @@ SINK_OPTIONS = {
 MODES = ("append", "upsert")
 # gid = ptxn:<sink>:<12 digits>:<10-char token>:<partition>:<attempt>
 _MAX_SINK_ID = MAX_GID - 64
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -297,6 +300,25 @@ def _is_replay(opts: PostgresSinkOptions, state: SinkState) -> bool:
     return isinstance(decision, Replay)
 
 
+def release_if_aborted(committer: TwoPhaseCommitter, snapshot_id: int, token: str) -> bool:
+    """After a task prepared: if the attempt was aborted meanwhile, roll it back now.
+
+    Spark aborts a failed batch while its other tasks may still be writing. Abort
+    appends ``abandoned`` before it rolls back what is prepared, so a task that
+    prepares after that roll-back sees the event here and rolls back itself,
+    instead of leaving its transaction (and its locks) to the query's next start.
+    """
+    if snapshot_id not in committer.load().abandoned:
+        return False
+    log.warning(
+        "sink %s: snapshot %d was aborted while this task prepared: rolling it back",
+        committer.sink_id,
+        snapshot_id,
+    )
+    committer.target.discard(snapshot_id, token)
+    return True
+
+
 class TxnPostgresStreamWriter(WriterBase):
     def __init__(self, opts: PostgresSinkOptions, spark_schema) -> None:
         self.opts = opts
@@ -344,6 +366,8 @@ class TxnPostgresStreamWriter(WriterBase):
             attempt,
             self.arrow_schema,
         )
+        if handles and release_if_aborted(self.opts.committer(), snapshot_id, token):
+            handles = []
         self.opts.faults.hit("phase1", snapshot=snapshot_id, partition=partition)
         return TxnCommitMessage(
             sink_id=self.opts.sink_id,

@@ -313,6 +313,23 @@ def test_integers_a_narrower_column_cannot_hold_are_refused_not_wrapped(pg, tmp_
     assert sink.rows() == [(3, None), (2**31 - 1, -(2**15))]
 
 
+def test_a_task_that_prepares_after_spark_aborted_rolls_back_itself(pg, tmp_path):
+    """Spark aborts a failed batch while other tasks still write: abort writes
+    'abandoned' first, so a task preparing after abort's roll-back sees it."""
+    from pyspark_txn.sinks.postgres import release_if_aborted
+
+    sink = Sink(pg, tmp_path)
+    sid, tok = sink.committer.allocate()
+    assert sink.stage(sid, tok, [rows_of([1])])
+    assert not release_if_aborted(sink.committer, sid, tok)  # not aborted: left prepared
+    sink.committer.abort(sid, tok)  # Spark's abort: abandoned, then rolled back
+    assert sink.prepared() == []
+    late = sink.stage(sid, tok, [[], rows_of([2])])  # a task still writing prepares now
+    assert late and sink.prepared() == [late[0].handle]
+    assert release_if_aborted(sink.committer, sid, tok)
+    assert sink.prepared() == [] and sink.rows() == []
+
+
 def test_a_server_without_prepared_transactions_is_refused_naming_the_setting(tmp_path):
     from pg_server import PostgresServer, pg_bindir
 
