@@ -54,7 +54,13 @@ log = logging.getLogger(__name__)
 
 SPARK_DIR = "spark"
 # Spark's names for our codecs (lz4: the raw codec every parquet reader has).
-_SPARK_CODECS = {"snappy": "snappy", "zstd": "zstd", "lz4": "lz4_raw", "gzip": "gzip", "none": "none"}
+_SPARK_CODECS = {
+    "snappy": "snappy",
+    "zstd": "zstd",
+    "lz4": "lz4_raw",
+    "gzip": "gzip",
+    "none": "none",
+}
 # Options of txn-delta the fast path cannot honour yet: refused by name, not ignored.
 _UNSUPPORTED = {
     "partitionby": "partitionBy (partitioned tables: use format('txn-delta') for now)",
