@@ -227,6 +227,7 @@ class DeltaBatchWriter:
         )
         if opts.target_file_rows:
             writer = writer.option("maxRecordsPerFile", str(opts.target_file_rows))
+        started = time.perf_counter()
         conf = df.sparkSession.conf
         key = "spark.sql.parquet.outputTimestampType"
         previous = conf.get(key, None)
@@ -238,6 +239,7 @@ class DeltaBatchWriter:
                 conf.unset(key)
             else:
                 conf.set(key, previous)
+        wrote = time.perf_counter()
         written = sorted(
             p
             for p in fs.ls(spark_dir, detail=False)
@@ -260,6 +262,15 @@ class DeltaBatchWriter:
         # Spark's leftovers (.crc files, empty task folders) go now; a crash leaves
         # them under the attempt's folder, where discard finds them.
         fs.rm(spark_dir, recursive=True)
+        log.info(
+            "sink %s: snapshot %d staged by Spark: %d files; Spark's write %.0f ms, "
+            "rename/CRC/footers/fsync %.0f ms",
+            opts.sink_id,
+            snapshot_id,
+            len(handles),
+            (wrote - started) * 1000,
+            (time.perf_counter() - wrote) * 1000,
+        )
         empty = [h for h in handles if h.rows == 0]
         if empty:  # Spark writes a schema-only file for an empty batch: never committed
             fs.rm([_fs.join(root, h.handle) for h in empty])
