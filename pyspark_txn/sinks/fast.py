@@ -157,6 +157,13 @@ class DeltaBatchWriter:
                 f"{query_id}, but this batch is of query {job.query_id}: pass the query's own "
                 "checkpointLocation as checkpoint="
             )
+        if job.run_id is None:
+            raise ConfigError(
+                "delta_batch_writer: Spark's run id of this batch is not visible (its job "
+                "description and job group are missing): call the writer directly in the "
+                "foreachBatch function, on Spark's thread, not in a thread of your own. "
+                "Without it two runs of one checkpoint cannot fence each other"
+            )
         if job.batch_id is not None and job.batch_id != batch_id:
             raise ConfigError(
                 f"delta_batch_writer: Spark runs batch {job.batch_id} but the callback got "
