@@ -253,3 +253,30 @@ def test_every_type_round_trips_through_the_fast_path(spark, tmp_path):
     assert filtered.column("id").to_pylist() == [1]
     back = spark.read.parquet(*delta.file_uris()).toArrow()
     assert_rows_equal(back.cast(got.schema) if back.schema != got.schema else back, table)
+
+
+def test_an_empty_batch_commits_nothing_and_leaves_no_file(spark, tmp_path):
+    """Spark writes a schema-only file for an empty batch: it is never committed and
+    never left behind; the first (empty) batch still creates the table."""
+    src = tmp_path / "src"
+    src.mkdir()
+    schema = pa.schema([pa.field("id", pa.int64())])
+    pq.write_table(pa.table({"id": pa.array([], pa.int64())}, schema=schema), src / "a.parquet")
+    target, chk = str(tmp_path / "t"), str(tmp_path / "c")
+
+    def run():
+        df = spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).parquet(str(src))
+        sink = pyspark_txn.delta_batch_writer(path=target, checkpoint=chk)
+        pyspark_txn.process_available(
+            df.writeStream.foreachBatch(sink).option("checkpointLocation", chk)
+        )
+
+    run()
+    assert DeltaTable(target).to_pyarrow_table().num_rows == 0
+    pq.write_table(pa.table({"id": pa.array(range(5), pa.int64())}), src / "b.parquet")
+    run()
+    runner = PipelineRunner(spark, tmp_path)
+    runner.target, runner.checkpoint = target, chk
+    assert sorted(DeltaTable(target).to_pyarrow_table().column("id").to_pylist()) == [0, 1, 2, 3, 4]
+    runner.assert_no_orphans()
+    runner.assert_records_consistent()
