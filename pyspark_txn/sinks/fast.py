@@ -147,7 +147,7 @@ class DeltaBatchWriter:
         return self._opts
 
     def __call__(self, df, batch_id: int) -> None:
-        opts = self.opts
+        opts = self._given  # nothing is written to the checkpoint before it is checked
         fs_options = dict(opts.fs_options)
         job = _spark_job(df.sparkSession)
         query_id = read_query_id(opts.checkpoint_location, fs_options)
@@ -169,6 +169,17 @@ class DeltaBatchWriter:
                 f"delta_batch_writer: Spark runs batch {job.batch_id} but the callback got "
                 f"{batch_id}; call the writer with foreachBatch's own (df, batch_id)"
             )
+        offsets = read_batch_offsets(opts.checkpoint_location, batch_id, fs_options)
+        if query_id is None or offsets is None:
+            # Spark writes both before it runs a batch; without them replays could not be
+            # told from a reset checkpoint.
+            raise ConfigError(
+                f"delta_batch_writer: checkpoint={opts.checkpoint_location!r} has no Spark "
+                f"{'metadata' if query_id is None else f'offsets/{batch_id}'}: pass the "
+                "query's own checkpointLocation as checkpoint= (asynchronous progress "
+                "tracking, which writes offsets late, is not supported)"
+            )
+        opts = self.opts
         committer = opts.committer()
         if not self._record_table_ready:
             committer.store.log.create_if_missing()
@@ -177,7 +188,6 @@ class DeltaBatchWriter:
         check_writable_schema(arrow_schema)
         target = opts.target()
         target.check_stream_schema(arrow_schema, opts.merge_schema)
-        offsets = read_batch_offsets(opts.checkpoint_location, batch_id, fs_options)
         commit_kw: dict[str, Any] = dict(
             run_id=job.run_id,
             source_offsets=offsets,

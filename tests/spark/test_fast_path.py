@@ -195,6 +195,12 @@ def test_a_wrong_checkpoint_is_refused(spark, tmp_path):
     w = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "c"))
     with pytest.raises(Exception, match="belongs to query"):
         pyspark_txn.process_available(w)
+    # a location Spark never wrote to (a typo): refused, nothing written there
+    sink = pyspark_txn.delta_batch_writer(path=str(tmp_path / "t"), checkpoint=str(tmp_path / "x"))
+    w = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "c2"))
+    with pytest.raises(Exception, match="has no Spark metadata"):
+        pyspark_txn.process_available(w)
+    assert not (tmp_path / "t").exists() and not (tmp_path / "x").exists()
 
 
 def test_a_jvm_file_source_exactly_once_through_a_fault(spark, tmp_path):
