@@ -27,6 +27,11 @@ def is_local(uri: str) -> bool:
     return "://" not in uri
 
 
+def resolved(uri: str) -> str:
+    """``uri`` for comparing locations: local paths with every symlink resolved."""
+    return os.path.realpath(uri) if is_local(uri) else uri.rstrip("/")
+
+
 def join(uri: str, *parts: str) -> str:
     return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
 

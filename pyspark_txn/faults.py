@@ -22,6 +22,7 @@ POINTS = (
     "phase1",  # executor, after staging a partition, before returning its message
     "before_record",  # driver commit, staged files verified, record not written
     "after_record",  # record safe, phase 2 not started
+    "mid_phase2",  # target with several txns per batch (PostgreSQL): after the first's commit
     "after_phase2",  # target committed, 'committed' event not written
     "after_commit",  # everything done, Spark's commit log not yet written
     # acknowledging sources (driver-side reader); batch=N matches the claim number

@@ -36,6 +36,25 @@ class TxnDeltaDataSource(DataSource):
         return DeltaStreamReader(DeltaSourceOptions.parse(self.options), schema)
 
 
+class TxnPostgresDataSource(DataSource):
+    """``txn-postgres``: two-phase transactional PostgreSQL sink (prepared transactions)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "txn-postgres"
+
+    def streamWriter(self, schema, overwrite: bool):
+        from .sinks.postgres import PostgresSinkOptions, TxnPostgresStreamWriter
+
+        if overwrite:
+            raise ConfigError(
+                "txn-postgres sink: outputMode 'complete' is not supported; use 'append' "
+                "(or mode=upsert for updates by key)"
+            )
+        opts = PostgresSinkOptions.parse(self.options).with_checkpoint_sink_id()
+        return TxnPostgresStreamWriter(opts, schema)
+
+
 class TxnSequenceDataSource(DataSource):
     """``txn-sequence``: deterministic replayable generator."""
 
@@ -54,4 +73,9 @@ class TxnSequenceDataSource(DataSource):
         return SequenceStreamReader(SequenceOptions.parse(self.options))
 
 
-ALL_FORMATS = (TxnDeltaDataSource, TxnSequenceDataSource, TxnRedisDataSource)
+ALL_FORMATS = (
+    TxnDeltaDataSource,
+    TxnPostgresDataSource,
+    TxnSequenceDataSource,
+    TxnRedisDataSource,
+)

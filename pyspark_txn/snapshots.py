@@ -230,7 +230,7 @@ def _prepare_location(
             marker.get("snapshot_id"),
             _describe_owner(marker.get("owner")),
         )
-        fs.rm(root, recursive=True)
+        _remove_export(fs, root, uri)
 
 
 def _check_name_free(state: SinkState, name: str, serving: bool = False) -> None:
@@ -248,14 +248,11 @@ def _check_name_free(state: SinkState, name: str, serving: bool = False) -> None
         )
 
 
-def _real(uri: str) -> str:
-    """The location compared for nesting: local paths with every symlink resolved."""
-    return os.path.realpath(uri) if _fs.is_local(uri) else uri.rstrip("/")
 
 
 def _relation(a: str, b: str) -> str | None:
     """How location ``a`` relates to ``b``: "is", "is inside", "contains" or None."""
-    ra, rb = _real(a), _real(b)
+    ra, rb = _fs.resolved(a), _fs.resolved(b)
     if ra == rb:
         return "is"
     if ra.startswith(rb.rstrip("/") + "/"):
@@ -304,7 +301,49 @@ def _check_to(
                 f"--to {to}: {how} {what} ({where}); an export needs a location of its own, "
                 "outside and not around the sink's tables and other exports"
             )
+    enclosing = _enclosing_folder(uri)
+    if enclosing is not None:
+        what, where = enclosing
+        raise ConfigError(
+            f"--to {to}: is inside {what} ({where}), whose own removal or maintenance "
+            "(delete, a failed export's cleanup, VACUUM) would take this export with it; "
+            "choose a location outside it"
+        )
     return uri
+
+
+def _enclosing_folder(uri: str) -> tuple[str, str] | None:
+    """The nearest folder above ``uri`` that is an export (of any sink, finished or not)
+    or a Delta table, as (what, where); None if there is none."""
+    fs, root = _fs.filesystem(_fs.resolved(uri))
+    path = root.rstrip("/")
+    while True:
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        if not parent or parent == path:
+            return None
+        path = parent
+        if fs.exists(f"{path}/{EXPORT_MARKER}"):
+            return "an export folder", path
+        if fs.exists(f"{path}/_delta_log"):
+            return "a Delta table", path
+
+
+#: What an export writes under its location; removing an export removes these alone.
+_EXPORT_PARTS = ("data", "manifest", "state", EXPORT_MARKER)
+
+
+def _remove_export(fs, root: str, uri: str) -> None:
+    """Remove what an export wrote at ``root`` (its parts, then the folder if that left
+    it empty): anything else found there is not the export's and stays, with a warning."""
+    for part in _EXPORT_PARTS:
+        path = _fs.join(root, part)
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+    left = fs.ls(root, detail=False) if fs.exists(root) else []
+    if left:
+        log.warning("%s: left in place what the export did not write: %s", uri, sorted(left)[:10])
+    elif fs.exists(root):
+        fs.rm(root, recursive=True)
 
 
 def _pin(state: SinkState, target, snapshot: int | None) -> tuple[SnapshotRecord, int]:
@@ -496,6 +535,17 @@ def copy_table(
     return TableCopy(files, rows, total)
 
 
+def _check_destination(
+    handle: admin.SinkHandle, sink_state: SinkState, name: str, to: str, replace_unfinished: bool
+) -> None:
+    """The name is free and ``to`` is a place of its own: new, empty or a dead export's
+    partial copy (writes nothing)."""
+    _check_name_free(sink_state, name)
+    uri = _check_to(handle, to, sink_state)
+    fs, root = _fs.filesystem(uri)
+    _inspect_location(fs, root, handle, uri, replace_unfinished)
+
+
 def check_export(
     location: str,
     name: str,
@@ -511,10 +561,7 @@ def check_export(
     partial copy, and there is a committed snapshot. Returns what it pins."""
     handle = admin.open_sink(location, sink)
     sink_state = handle.load()
-    _check_name_free(sink_state, name)
-    uri = _check_to(handle, to, sink_state)
-    fs, root = _fs.filesystem(uri)
-    _inspect_location(fs, root, handle, uri, replace_unfinished)
+    _check_destination(handle, sink_state, name, to, replace_unfinished)
     if batch is not None:
         if snapshot is not None:
             raise ConfigError("snapshot= and batch= exclude each other: give one")
@@ -679,7 +726,7 @@ def _export_pinned(
         if _still_ours(fs, root, token):  # our own partial copy: nobody else needs it
             log.warning("export %r to %s failed: removing its partial copy", name, uri)
             try:
-                fs.rm(root, recursive=True)
+                _remove_export(fs, root, uri)
                 if existed:
                     fs.makedirs(root, exist_ok=True)
             except Exception as e:  # noqa: BLE001 - the marker says what is left
@@ -786,7 +833,7 @@ def _copy_and_register(
                 "data there is left to that export"
             )
         if serving and name not in s.export_requests:
-            raise TxnError(f"the requested export {name!r} was cancelled while it ran")
+            raise ExportCancelled(f"the requested export {name!r} was cancelled while it ran")
         for other in s.named.values():
             how = _relation(uri, other.location)
             if how is not None:
@@ -890,6 +937,10 @@ def cancel_request(
     return taken[0]
 
 
+class ExportCancelled(TxnError):
+    """A requested export was cancelled while the sink was running it."""
+
+
 def serve_export_requests(
     handle: admin.SinkHandle, state: SinkState, record: SnapshotRecord, version: int | None
 ) -> None:
@@ -908,6 +959,8 @@ def serve_export_requests(
                 serving=True,
                 details={"requested_seq": request.requested_seq},
             )
+        except ExportCancelled as e:  # the user's cancel: nothing failed
+            log.info("sink %s: %s", handle.sink_id, e)
         except Exception as e:
             log.error("sink %s: requested export %r failed: %r", handle.sink_id, request.name, e)
 
@@ -986,11 +1039,7 @@ def stop_and_export(
     """
     location = checkpoint or query_checkpoint(query)
     handle = admin.open_sink(location, sink)
-    sink_state = handle.load()
-    _check_name_free(sink_state, name)
-    uri = _check_to(handle, to, sink_state)
-    fs, root = _fs.filesystem(uri)
-    _inspect_location(fs, root, handle, uri, replace_unfinished)
+    _check_destination(handle, handle.load(), name, to, replace_unfinished)
     session = _state_session(handle, state, spark)
     query.stop()
     admin.settle(location, sink, reason=f"stop_and_export {name!r}")
@@ -1224,10 +1273,14 @@ def delete(location: str, name: str, sink: str | None = None) -> NamedSnapshot:
         return delete_named(s, name)
 
     handle.record_store().update(handle.sink_id, fold_sink, deleted)
-    fs, root = _fs.filesystem(entry.location)
+    location = entry.location
+    if _fs.is_local(location) and os.path.islink(location):  # the copy, not only the link
+        location = os.path.realpath(location)
+        os.unlink(entry.location)
+    fs, root = _fs.filesystem(location)
     marker = _read_marker(fs, root) if fs.exists(root) else None
     if marker is not None and marker.get("snapshot_id") == entry.snapshot_id:
-        fs.rm(root, recursive=True)
+        _remove_export(fs, root, location)
     elif fs.exists(root):
         raise TxnError(
             f"snapshot {name!r} is unregistered, but {entry.location} does not carry its "
@@ -1295,6 +1348,11 @@ def _write_text(fs, path: str, text: str) -> None:
 
 
 def _new_location(fs, root: str, option: str, uri: str) -> None:
+    if _fs.is_local(uri) and os.path.islink(uri) and not os.path.exists(uri):
+        raise ConfigError(
+            f"{option} {uri}: is a symbolic link to {os.readlink(uri)!r}, which does not "
+            "exist; give a new or empty directory"
+        )
     if fs.exists(root) and (not fs.isdir(root) or fs.ls(root, detail=False)):
         raise ConfigError(f"{option} {uri}: must be a new or empty directory")
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a development environment on a fresh Debian machine with Python >= 3.10:
-# a Java runtime for Spark (from Debian's packages, only where missing) and a
-# virtual environment in .venv with pyspark-txn and its dev extras.
+# a Java runtime for Spark (from Debian's packages, only where missing), with
+# --servers also the servers the tests start, and a virtual environment in .venv
+# with pyspark-txn and its extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,9 +21,16 @@ apt_install() {
 if ! command -v java >/dev/null 2>&1; then
   apt_install openjdk-17-jre-headless
 fi
-# the txn-redis tests start their own redis-server (tests/redis/conftest.py)
-if ! command -v redis-server >/dev/null 2>&1; then
-  apt_install redis-server
+# --servers (the test command): the servers the tests start themselves on loopback in
+# temp dirs: redis-server (tests/redis/conftest.py) and PostgreSQL's initdb/pg_ctl
+# (tests/pg_server.py). The demo needs none of them.
+if [ "${1:-}" = "--servers" ]; then
+  if ! command -v redis-server >/dev/null 2>&1; then
+    apt_install redis-server
+  fi
+  if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    apt_install postgresql
+  fi
 fi
 
 PYTHON=${PYTHON:-python3}
@@ -30,6 +38,6 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv || { apt_install python3-venv; "$PYTHON" -m venv .venv; }
 fi
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "WARNING: Location" || true
-.venv/bin/python -m pip install -q -e '.[spark,dev,redis]' 2>&1 | grep -v "WARNING: Location" || true
-.venv/bin/python -c "import pyspark_txn, pyspark, deltalake, redis" \
+.venv/bin/python -m pip install -q -e '.[spark,dev,redis,postgres]' 2>&1 | grep -v "WARNING: Location" || true
+.venv/bin/python -c "import pyspark_txn, pyspark, deltalake, redis, psycopg" \
   || { echo "setup: pyspark-txn did not install" >&2; exit 1; }

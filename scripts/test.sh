@@ -5,7 +5,7 @@
 # Exit 5 from pytest (no tests collected) is a failure of the project.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh || exit 1
+bash scripts/setup.sh --servers || exit 1
 export PYSPARK_PYTHON="$PWD/.venv/bin/python" PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
 export SPARK_LOCAL_IP=127.0.0.1
 .venv/bin/ruff check pyspark_txn tests benchmarks notebooks || exit 1

@@ -13,12 +13,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-from pyspark.sql.datasource import WriterCommitMessage
 
 from .. import _fs
 from .._options import parse_storage_options
@@ -31,22 +28,25 @@ from ..checkpoint import (
 from ..errors import ConfigError, ProtocolViolation
 from ..faults import FaultPlan
 from ..state import DEFAULT_RETAIN_SNAPSHOTS, DeltaEventLog, RecordStore, TxnHandle, new_token
-from ..state.core import NAME_CHARS
+from ._spark import (
+    TxnCommitMessage,
+    WriterBase,
+    as_arrow,
+    check_sink_id,
+    parse_bool,
+    parse_log_level,
+    parse_positive_int,
+    prepare_attempt,
+    spark_run_id,
+    spark_to_arrow_schema,
+    worker_logging,
+)
 from .delta_target import DeltaTarget, check_writable_schema, schema_to_b64
 from .light import LIGHT_SNAPSHOT_ID, LightCommitter
 from .staging import PARQUET_CODECS, StagingConfig, stage_partition
 from .twophase import TwoPhaseCommitter
 
 log = logging.getLogger(__name__)
-
-try:  # PySpark >= 4.1
-    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _WriterBase
-except ImportError:  # 4.0: an Arrow writer mixed into the stream writer works there
-    from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
-
-    class _WriterBase(DataSourceArrowWriter, DataSourceStreamWriter):  # type: ignore[no-redef,misc]
-        pass
-
 
 SINK_OPTIONS = {
     "path": "target Delta table URI (required)",
@@ -71,7 +71,6 @@ SINK_OPTIONS = {
     "faultinjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
 }
 MODES = ("snapshots", "light")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "OFF")
 #: Options that only mean something when snapshot records are kept.
 _SNAPSHOT_ONLY_OPTIONS = {"recordtable": "recordTable", "retainsnapshots": "retainSnapshots"}
 # Delta table properties the sink may set when it creates the table, as
@@ -120,25 +119,6 @@ def _parse_table_properties(opts: Mapping[str, str]) -> tuple[tuple[str, str], .
     return tuple(out)
 
 
-def _parse_bool(name: str, value: str) -> bool:
-    v = value.strip().lower()
-    if v in ("true", "1", "yes"):
-        return True
-    if v in ("false", "0", "no"):
-        return False
-    raise ConfigError(f"option {name}={value!r}: expected true or false")
-
-
-def _parse_positive_int(name: str, value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n <= 0:
-        raise ConfigError(f"option {name}={value!r}: expected a positive integer")
-    return n
-
-
 def _parse_compression(value: str) -> str:
     codec = value.strip().lower()
     if codec == "uncompressed":
@@ -175,15 +155,6 @@ def _check_location(option: str, value: str) -> None:
             f"option {option}={value!r}: {' and '.join(repr(c) for c in bad)} cannot be used "
             "in a location (delta-rs reads it as a URL); rename the folder"
         )
-
-
-def _check_sink_id(sink_id: str, option: str) -> str:
-    if not sink_id or not set(sink_id) <= NAME_CHARS or sink_id.startswith("."):
-        raise ConfigError(
-            f"option {option}={sink_id!r}: use letters, digits, '-', '_' and '.' only "
-            "(it names folders and Delta app transactions)"
-        )
-    return sink_id
 
 
 @dataclass(frozen=True)
@@ -251,26 +222,22 @@ class DeltaSinkOptions:
                     f"option {', '.join(given)} applies to mode=snapshots only: a light sink "
                     "keeps no snapshot records (docs/modes.md)"
                 )
-        log_level = opts.get("loglevel", "INFO").strip().upper()
-        log_level = {"WARN": "WARNING"}.get(log_level, log_level)  # Spark's spelling
-        if log_level not in LOG_LEVELS:
-            raise ConfigError(
-                f"option logLevel={opts['loglevel']!r}: expected one of {', '.join(LOG_LEVELS)}"
-            )
+        log_level = parse_log_level(opts.get("loglevel", "INFO"))
         for key, name in (("path", "path"), ("checkpointlocation", "checkpointLocation")):
             _check_location(name, opts[key])
         if opts.get("recordtable"):
             _check_location("recordTable", opts["recordtable"])
         path = _fs.normalize_uri(opts["path"])
         checkpoint = _fs.normalize_uri(opts["checkpointlocation"])
-        prefix = _check_sink_id(opts.get("sinkidprefix", "txn"), "sinkIdPrefix")
-        explicit = _check_sink_id(opts["sinkid"], "sinkId") if "sinkid" in opts else None
+        prefix = check_sink_id(opts.get("sinkidprefix", "txn"), "sinkIdPrefix")
+        explicit = check_sink_id(opts["sinkid"], "sinkId") if "sinkid" in opts else None
         digest = hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
         sink_id = explicit or f"{prefix}-{digest}"
         record_table = _fs.normalize_uri(
             opts.get("recordtable") or default_record_table(checkpoint)
         )
-        for inner, outer in ((record_table, path), (path, record_table)):
+        real_records, real_path = _fs.resolved(record_table), _fs.resolved(path)
+        for inner, outer in ((real_records, real_path), (real_path, real_records)):
             if inner == outer or inner.startswith(outer.rstrip("/") + "/"):
                 raise ConfigError(
                     f"option recordTable={record_table!r} and path={path!r} overlap: the record "
@@ -291,10 +258,10 @@ class DeltaSinkOptions:
                 opts.get("storageoptions"), "txn-delta sink", "storageOptions"
             ),
             fs_options=tuple(sorted((k[3:], v) for k, v in opts.items() if k.startswith("fs."))),
-            merge_schema=_parse_bool("mergeSchema", opts.get("mergeschema", "false")),
-            row_group_rows=_parse_positive_int("rowGroupRows", opts.get("rowgrouprows", "1000000")),
+            merge_schema=parse_bool("mergeSchema", opts.get("mergeschema", "false")),
+            row_group_rows=parse_positive_int("rowGroupRows", opts.get("rowgrouprows", "1000000")),
             compression=_parse_compression(opts.get("compression", "snappy")),
-            target_file_rows=_parse_positive_int(
+            target_file_rows=parse_positive_int(
                 "targetFileRows", opts.get("targetfilerows", "8000000")
             ),
             faults=FaultPlan.parse(opts.get("faultinjection")),
@@ -304,7 +271,7 @@ class DeltaSinkOptions:
             user_metadata=opts.get("usermetadata"),
             mode=mode,
             log_level=log_level,
-            retain_snapshots=_parse_positive_int(
+            retain_snapshots=parse_positive_int(
                 "retainSnapshots", opts.get("retainsnapshots", str(DEFAULT_RETAIN_SNAPSHOTS))
             ),
         )
@@ -408,82 +375,18 @@ class DeltaSinkOptions:
         )
 
 
-@dataclass
-class TxnCommitMessage(WriterCommitMessage):
-    sink_id: str
-    snapshot_id: int
-    token: str
-    run_id: str | None
-    partition: int
-    txns: list[dict[str, Any]]
-
-
 def _delta_target(committer: TwoPhaseCommitter) -> DeltaTarget:
     target = committer.target
     assert isinstance(target, DeltaTarget)
     return target
 
 
-def spark_run_id() -> str | None:
-    """Spark's ``runId`` of the query run this task belongs to, from the task's local
-    properties (StreamExecution sets the job group to it; measured on 4.0-4.3). It is
-    the same for every task of one run and new at every (re)start of the query."""
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    if ctx is None:
-        return None
-    description = ctx.getLocalProperty("spark.job.description") or ""
-    for line in description.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "runId" and value.strip():
-            return value.strip()
-    return ctx.getLocalProperty("spark.jobGroup.id") or None
+def _prepare_attempt(opts: DeltaSinkOptions) -> tuple[int, str]:
+    """Allocate the batch's snapshot id before phase 1 (see ``_spark.prepare_attempt``)."""
+    return prepare_attempt(opts.committer(), opts.record_table)
 
 
-def worker_logging(level: str) -> None:
-    """Send this package's log lines to stderr in a Spark Python worker, at ``level``.
-
-    Workers are separate processes that never see the application's logging
-    setup, so without this the per-batch line and every recovery warning would
-    be dropped. Nothing is changed where the application configured logging
-    itself (a handler on ``pyspark_txn`` or the root logger). Spark reuses
-    workers across queries, so the level is set at every call: queries with
-    different levels running at the same moment share the last one set.
-    """
-    package = logging.getLogger("pyspark_txn")
-    ours = [h for h in package.handlers if getattr(h, "_pyspark_txn_worker", False)]
-    if not ours and (package.handlers or logging.getLogger().handlers):
-        return
-    if not ours:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        handler._pyspark_txn_worker = True  # type: ignore[attr-defined]
-        package.addHandler(handler)
-        package.propagate = False
-    package.setLevel(logging.CRITICAL + 1 if level == "OFF" else getattr(logging, level))
-
-
-_CREATED: set[str] = set()
-_CREATED_LOCK = threading.Lock()
-
-
-def prepare_attempt(opts: DeltaSinkOptions) -> tuple[int, str]:
-    """Planner side, before phase 1 (the writer checked the stream's schema when it was
-    made): allocate the batch's snapshot id. Returns (snapshot id, token).
-
-    Nothing here knows which query run it plans for (Spark plans on a pool of
-    Python workers): fencing happens at commit, by Spark's run id.
-    """
-    committer = opts.committer()
-    with _CREATED_LOCK:
-        if opts.record_table not in _CREATED:
-            committer.store.log.create_if_missing()
-            _CREATED.add(opts.record_table)
-    return committer.allocate()
-
-
-class TxnDeltaStreamWriter(_WriterBase):
+class TxnDeltaStreamWriter(WriterBase):
     def __init__(self, opts: DeltaSinkOptions, spark_schema) -> None:
         self.opts = opts
         self.arrow_schema = spark_to_arrow_schema(spark_schema)
@@ -500,7 +403,7 @@ class TxnDeltaStreamWriter(_WriterBase):
         if self._attempt is None:
             worker_logging(self.opts.log_level)
             self._attempt = (
-                (LIGHT_SNAPSHOT_ID, new_token()) if self.opts.light else prepare_attempt(self.opts)
+                (LIGHT_SNAPSHOT_ID, new_token()) if self.opts.light else _prepare_attempt(self.opts)
             )
         return self.__dict__
 
@@ -513,7 +416,7 @@ class TxnDeltaStreamWriter(_WriterBase):
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
         handles = stage_partition(
-            _as_arrow(iterator, self.arrow_schema),
+            as_arrow(iterator, self.arrow_schema),
             self.opts.staging(),
             snapshot_id,
             token,
@@ -587,49 +490,3 @@ class TxnDeltaStreamWriter(_WriterBase):
         committer = self.opts.committer()
         for snapshot_id, token in sorted({(m.snapshot_id, m.token) for m in messages if m}):
             committer.abort(snapshot_id, token)
-
-
-def spark_to_arrow_schema(spark_schema):
-    """The Arrow schema of the stream. Timestamps are UTC instants, as on Spark's Arrow path.
-
-    A column Arrow (or Delta) cannot carry is named in a ``ConfigError`` before
-    anything is staged, not left to a conversion traceback.
-    """
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
-
-    from ..spark_features import utc_arrow_schema_kwargs
-
-    fields = []
-    for f in spark_schema.fields:
-        if "variant" in f.dataType.simpleString():
-            raise ConfigError(
-                f"column {f.name!r} has type {f.dataType.simpleString()}: txn-delta cannot "
-                "write VARIANT yet; convert it first, e.g. to_json(col)"
-            )
-        try:
-            fields.append(to_arrow_schema(StructType([f]), **utc_arrow_schema_kwargs()).field(0))
-        except Exception as e:
-            raise ConfigError(
-                f"column {f.name!r} has type {f.dataType.simpleString()}, which cannot be "
-                f"written to a Delta table ({e}); cast it or give it a type with .cast(...)"
-            ) from None
-    return pa.schema(fields)
-
-
-def _as_arrow(iterator, arrow_schema, chunk_rows: int = 65536):
-    """Arrow batches from whatever the installed PySpark hands the writer."""
-    import pyarrow as pa
-
-    rows: list = []
-    for item in iterator:
-        if isinstance(item, pa.RecordBatch):
-            yield item
-            continue
-        rows.append(item.asDict(recursive=True))
-        if len(rows) >= chunk_rows:
-            yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
-            rows = []
-    if rows:
-        yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)

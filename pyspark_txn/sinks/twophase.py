@@ -9,6 +9,7 @@ is driven by Spark in production and by plain tests with in-memory parts.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -375,6 +376,42 @@ class TwoPhaseCommitter:
             _, state = self._update(lambda s: mark_committed(s, record.snapshot_id, version), state)
         self.faults.hit("after_commit", record.batch_id)
         return state, version
+
+    # --- planner, for targets whose staged txns hold locks ----------------------
+
+    def release_staged(self) -> None:
+        """Before phase 1, where staged txns hold locks (PostgreSQL's prepared
+        transactions): finish phase 2 of every safe record, withdraw open attempts that
+        staged something, and roll back every dead attempt, so a new attempt never waits
+        on a lock an earlier one still holds.
+
+        An open attempt with staged txns belongs to a crashed or stopped run: Spark
+        plans a batch only after the previous batch's commit returned. Withdrawing it
+        is Spark's abort (a conditional ``abandoned`` event), so a zombie that records
+        it first keeps it, and one that comes later can never record it.
+        """
+        state = self.load()
+        for rec in pending_phase2(state):
+            _retry(
+                f"phase 2 of snapshot {rec.snapshot_id}",
+                functools.partial(self.target.commit, rec),
+                self.phase2_attempts,
+                self.backoff_s,
+            )
+            self.target.discard(rec.snapshot_id, rec.token, _handles(rec))
+        opened = [
+            (sid, token)
+            for sid, token in sorted(self.target.staged_attempts())
+            if state.allocations.get(sid) == token
+            and sid > state.high_water
+            and state.record_for_snapshot(sid) is None
+        ]
+        for sid, token in opened:
+            log.warning(
+                "sink %s: withdrawing open staged snapshot %d (%s)", self.sink_id, sid, token
+            )
+            self.abort(sid, token)
+        self._sweep(self.load() if opened else state)
 
     # --- driver, Spark's abort -------------------------------------------------
 

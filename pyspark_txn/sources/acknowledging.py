@@ -91,8 +91,14 @@ class Broker(ABC):
     def ack(self, ids: Sequence[str]) -> None:
         """Acknowledge these messages (idempotent: acking twice is harmless)."""
 
-    def open(self) -> None:  # noqa: B027 - optional
-        """Connect and create what the source needs (a consumer group); errors name it."""
+    def open(self, claimed: Sequence[str] = ()) -> None:  # noqa: B027 - optional
+        """Connect and create what the source needs (a consumer group); errors name it.
+
+        ``claimed``: every id the claim log holds. Where what the source needs is gone
+        although messages were claimed (a group destroyed, a broker that lost it), it
+        must be made again *after* them, never from the configured start: messages
+        that arrived meanwhile would be skipped otherwise.
+        """
 
     def pending(self) -> list[str]:
         """Messages delivered to this consumer and not acked (its pending list)."""
@@ -237,7 +243,7 @@ def ack_committed(broker: BrokerConfig, claim_log: ClaimLogConfig, end: Mapping 
         )
     b = broker.connect()
     try:
-        b.open()
+        b.open(state.ids_between(NO_CLAIM, state.last_offset))
         state = _ack_through(store, claim_log.source_id, b, state, through)
     finally:
         b.close()
@@ -516,10 +522,12 @@ class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
                 raise SourceError(
                     f"{self.fmt}: cannot open or create the claim log {self.claim_log.uri}: {e}"
                 ) from e
+            store = RecordStore(log_)
+            claimed = store.load_offsets(self.claim_log.source_id)
             broker = self.broker_config.connect()
-            broker.open()
+            broker.open(claimed.ids_between(NO_CLAIM, claimed.last_offset))
             self._coordinator = ClaimCoordinator(
-                RecordStore(log_), self.claim_log.source_id, broker, self.claim_log.uri, self.faults
+                store, self.claim_log.source_id, broker, self.claim_log.uri, self.faults
             )
         return self._coordinator
 

@@ -101,19 +101,48 @@ def _entry_key(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+_PASSWORD_PARAM = re.compile(r"(?i)([?&]password=)[^&#]*")
+
+
 def _safe_url(url: str) -> str:
-    """The url without its password, for messages and logs."""
+    """The url without its password (user info or a ``password=`` query parameter, which
+    redis-py also takes), for messages and logs."""
+    url = _PASSWORD_PARAM.sub(r"\1***", url)
+    if "://" not in url:  # not a URL: whatever precedes an @ may be a password
+        return re.sub(r"^[^@/]*@", "***@", url)
     try:
         parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user, _, host = parts.netloc.rpartition("@")
     except ValueError:
         return "<unparsable url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    return urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}"))
+
+
+def _check_url(url: str) -> None:
+    """What redis-py would only refuse when it connects: ports, the db number, query
+    parameters (a ConfigError naming the url without its password)."""
+    parts = urlsplit(url)
+    if parts.scheme in ("redis", "rediss"):
+        db = parts.path.strip("/")
+        if db and not db.isdigit():
+            raise ConfigError(
+                f"{FORMAT}: option url={_safe_url(url)!r}: the path must be a database "
+                f"number such as /0, got /{db}"
+            )
+    try:
+        from redis.connection import parse_url
+    except ImportError:  # redis-py missing: the reader names it when it connects
+        return
+    try:
+        parse_url(url)
+    except ValueError as e:
+        problem = _PASSWORD_PARAM.sub(r"\1***", str(e))
+        raise ConfigError(f"{FORMAT}: option url={_safe_url(url)!r}: {problem}") from None
+
+
+_MAX_INT = 2**31 - 1  # what Redis takes as a COUNT or a timeout without complaint
 
 
 def _int(opts: Mapping[str, str], key: str, name: str, default: int | None, minimum: int):
@@ -124,8 +153,10 @@ def _int(opts: Mapping[str, str], key: str, name: str, default: int | None, mini
         n = int(str(raw).strip())
     except ValueError:
         n = minimum - 1
-    if n < minimum:
-        raise ConfigError(f"{FORMAT}: option {name}={raw!r}: expected an integer >= {minimum}")
+    if not minimum <= n <= _MAX_INT:
+        raise ConfigError(
+            f"{FORMAT}: option {name}={raw!r}: expected an integer from {minimum} to {_MAX_INT}"
+        )
     return n
 
 
@@ -182,6 +213,7 @@ class RedisSourceOptions(BrokerConfig):
                 f"{FORMAT}: option url={_safe_url(url)!r}: expected a redis://, rediss:// or "
                 "unix:// URL"
             )
+        _check_url(url)
         streams = tuple(s.strip() for s in (opts.get("stream") or "").split(","))
         if not any(streams):
             raise ConfigError(
@@ -252,7 +284,9 @@ class RedisSourceOptions(BrokerConfig):
             ssl["ssl_cert_reqs"] = reqs
         if "ssl_check_hostname" in ssl:
             ssl["ssl_check_hostname"] = _bool(opts, "sslcheckhostname", "sslCheckHostname", True)
-        source_id = f"redis:{group}"
+        # A consumer group belongs to one stream in Redis: two readers with the same group
+        # name on other streams are other groups, and must not share a claim-log stream.
+        source_id = f"redis:{group}:{','.join(sorted(streams))}"
         claim_log = ClaimLogConfig.locate(
             FORMAT, opts, source_id, parse_storage_options(
                 opts.get("claimlogstorageoptions"), FORMAT, "claimLogStorageOptions"
@@ -408,20 +442,33 @@ class RedisBroker(Broker):
                 f"{FORMAT}: Redis at {_safe_url(self.cfg.url)} refused {what}: {e}"
             ) from e
 
-    def open(self) -> None:
+    def open(self, claimed: Sequence[str] = ()) -> None:
         import redis
 
         self._call("PING", self.r.ping)
+        last: dict[str, str] = {}  # stream -> the newest entry the claim log holds
+        for m in claimed:
+            s, entry = _split_id(m)
+            if s not in last or _entry_key(entry) > _entry_key(last[s]):
+                last[s] = entry
         for s in self.cfg.streams:
+            start = last.get(s, self.cfg.start_id)
             try:
-                self.r.xgroup_create(s, self.cfg.group, id=self.cfg.start_id, mkstream=True)
-                log.info(
-                    "%s: created group %r on stream %r at %s",
-                    FORMAT,
-                    self.cfg.group,
-                    s,
-                    self.cfg.start_id,
-                )
+                self.r.xgroup_create(s, self.cfg.group, id=start, mkstream=True)
+                if s in last:
+                    log.warning(
+                        "%s: group %r was missing on stream %r although the claim log holds "
+                        "entries of it (destroyed, or lost by the server): created again after "
+                        "the last claimed entry %s, not at startId",
+                        FORMAT,
+                        self.cfg.group,
+                        s,
+                        start,
+                    )
+                else:
+                    log.info(
+                        "%s: created group %r on stream %r at %s", FORMAT, self.cfg.group, s, start
+                    )
             except redis.ResponseError as e:
                 if "BUSYGROUP" not in str(e):
                     raise SourceError(
@@ -671,7 +718,7 @@ def _json_document(message_id: str, fields: Mapping[str, str], name: str) -> Any
             f"fields: {sorted(fields)[:10]}"
         )
     try:
-        doc = json.loads(fields[name])
+        doc = json.loads(fields[name], parse_float=decimal.Decimal)  # decimals stay exact
     except ValueError as e:
         raise SourceError(f"{FORMAT}: message {message_id}: field {name!r} is not JSON: {e}") from e
     if not isinstance(doc, dict):
@@ -689,6 +736,11 @@ class _BadValue(Exception):
     pass
 
 
+def _show(v: Any) -> str:
+    """A JSON value as its text, for messages (numbers are parsed as exact decimals)."""
+    return json.dumps(v, default=str)[:60]
+
+
 def _converter(t, where: str) -> Callable[[Any], Any]:
     """A function from a JSON value to what ``pa.array(..., type=t)`` accepts; strict."""
     import pyarrow as pa
@@ -698,26 +750,27 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
             if v is None:
                 return None
             if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
-                raise _BadValue(f"{where}: expected {what}, got {json.dumps(v)[:60]}")
+                raise _BadValue(f"{where}: expected {what}, got {_show(v)}")
             return v
 
         return conv
 
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return lambda v: v if v is None or isinstance(v, str) else json.dumps(v)
+        return lambda v: v if v is None or isinstance(v, str) else json.dumps(v, default=float)
     if pa.types.is_boolean(t):
         return need((bool,), "true or false")
     if pa.types.is_integer(t):
         return need((int,), "an integer")
     if pa.types.is_floating(t):
-        return need((int, float), "a number")
+        number = need((int, float, decimal.Decimal), "a number")
+        return lambda v: None if v is None else float(number(v))
     if pa.types.is_decimal(t):
 
         def dec(v: Any) -> Any:
             if v is None:
                 return None
-            if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-                raise _BadValue(f"{where}: expected a decimal number, got {json.dumps(v)[:60]}")
+            if isinstance(v, bool) or not isinstance(v, (int, float, str, decimal.Decimal)):
+                raise _BadValue(f"{where}: expected a decimal number, got {_show(v)}")
             try:
                 return decimal.Decimal(str(v))
             except decimal.InvalidOperation:
@@ -733,7 +786,7 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
                 return dt.date.fromisoformat(v)
             except (TypeError, ValueError):
                 raise _BadValue(
-                    f"{where}: expected an ISO date, got {json.dumps(v)[:60]}"
+                    f"{where}: expected an ISO date, got {_show(v)}"
                 ) from None
 
         return date
@@ -747,7 +800,7 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
                 d = dt.datetime.fromisoformat(v[:-1] + "+00:00" if v.endswith("Z") else v)
             except (TypeError, ValueError, AttributeError):
                 raise _BadValue(
-                    f"{where}: expected an ISO timestamp, got {json.dumps(v)[:60]}"
+                    f"{where}: expected an ISO timestamp, got {_show(v)}"
                 ) from None
             if aware and d.tzinfo is None:
                 return d.replace(tzinfo=dt.timezone.utc)  # Spark's Arrow path is UTC
@@ -765,7 +818,7 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
                 return base64.b64decode(v, validate=True)
             except (TypeError, ValueError):
                 raise _BadValue(
-                    f"{where}: expected base64 text, got {json.dumps(v)[:60]}"
+                    f"{where}: expected base64 text, got {_show(v)}"
                 ) from None
 
         return b64
@@ -776,7 +829,7 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
             if v is None:
                 return None
             if not isinstance(v, list):
-                raise _BadValue(f"{where}: expected an array, got {json.dumps(v)[:60]}")
+                raise _BadValue(f"{where}: expected an array, got {_show(v)}")
             return [item(x) for x in v]
 
         return lst
@@ -792,7 +845,7 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
             if v is None:
                 return None
             if not isinstance(v, dict):
-                raise _BadValue(f"{where}: expected an object, got {json.dumps(v)[:60]}")
+                raise _BadValue(f"{where}: expected an object, got {_show(v)}")
             return [(k, value(x)) for k, x in v.items()]
 
         return mp
@@ -806,7 +859,7 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
             if v is None:
                 return None
             if not isinstance(v, dict):
-                raise _BadValue(f"{where}: expected an object, got {json.dumps(v)[:60]}")
+                raise _BadValue(f"{where}: expected an object, got {_show(v)}")
             return {name: conv(v.get(name)) for name, conv in fields}
 
         return struct
@@ -816,13 +869,20 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
 
 
 def _row_converter(payload) -> Callable[[str, dict], list[Any]]:
-    convs = [(f.name, _converter(f.type, f.name)) for f in payload]
+    convs = [(f.name, f.nullable, _converter(f.type, f.name)) for f in payload]
 
     def convert(message_id: str, doc: dict) -> list[Any]:
         try:
-            return [conv(doc.get(name)) for name, conv in convs]
+            row = [conv(doc.get(name)) for name, _, conv in convs]
         except _BadValue as e:
             raise SourceError(f"{FORMAT}: message {message_id}: {e}") from None
+        for (name, nullable, _), value in zip(convs, row, strict=True):
+            if value is None and not nullable:  # Arrow would fail deep in the JVM instead
+                raise SourceError(
+                    f"{FORMAT}: message {message_id}: {name} is declared NOT NULL in option "
+                    "schema, but the message has no value for it"
+                )
+        return row
 
     return convert
 

@@ -453,6 +453,52 @@ def test_exports_are_never_nested_in_or_around_other_places(sink, tmp_path):
     ] == ["outer"]
 
 
+def test_exports_never_go_inside_an_unfinished_export_or_any_delta_table(sink, tmp_path):
+    """A folder holding an export marker (a live export still copying, or any sink's export)
+    and any Delta table are refused as places around a new export: their removal, a failed
+    export's cleanup or a VACUUM would take the new export with them."""
+    running = tmp_path / "running"
+    running.mkdir()
+    marker = {"sink_id": "another-sink", "snapshot_id": 7, "name": "slow", "owner": None}
+    (running / snapshots.EXPORT_MARKER).write_text(json.dumps(marker))
+    other_table = tmp_path / "other_table"
+    DeltaTable.create(str(other_table), schema=DeltaTable(sink.target).schema())
+    for to, message in [
+        (running / "inner", "is inside an export folder"),
+        (running / "a" / "b", "is inside an export folder"),
+        (other_table / "x", "is inside a Delta table"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            snapshots.export(sink.chk, "n", str(to))
+        with pytest.raises(ConfigError, match=message):
+            snapshots.request_export(sink.chk, "n", str(to))
+        assert not to.exists()
+    assert snapshots.list_snapshots(sink.chk) == []
+
+
+def test_delete_through_a_symlink_removes_the_copy(sink, tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    os.symlink(real, link)
+    snapshots.export(sink.chk, "via-link", str(link / "e"))
+    assert (real / "e" / "data").is_dir()
+    snapshots.delete(sink.chk, "via-link")
+    assert not (real / "e").exists() and snapshots.list_snapshots(sink.chk) == []
+
+
+def test_a_failed_cleanup_removes_only_what_the_export_wrote(sink, tmp_path):
+    from pyspark_txn import _fs
+    from pyspark_txn.snapshots import _remove_export
+
+    root = tmp_path / "e"
+    snapshots.export(sink.chk, "e", str(root))
+    (root / "notes.txt").write_text("not the export's")
+    fs, path = _fs.filesystem(str(root))
+    _remove_export(fs, path, str(root))
+    assert sorted(os.listdir(root)) == ["notes.txt"]
+
+
 def test_delete_refuses_a_folder_holding_another_snapshot(sink, tmp_path):
     from pyspark_txn.state import allocate, fold_sink
     from pyspark_txn.state.core import register_named
@@ -594,6 +640,15 @@ def test_prepare_query_refuses_a_pair_the_sink_refuses(sink, tmp_path, capsys):
         "--json",
     )
     assert code == 2 and "refuses this pair" in json.loads(out)["error"]
+    # the same folder through a symlink, and a symlink to nothing
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "alias")
+    with pytest.raises(ConfigError, match="the txn-delta sink refuses this pair"):
+        snapshots.prepare_query(sink.chk, "p", str(tmp_path / "real"), str(tmp_path / "alias"))
+    os.symlink(tmp_path / "nothing", tmp_path / "dangling")
+    with pytest.raises(ConfigError, match="is a symbolic link to .* which does not exist"):
+        snapshots.prepare_query(sink.chk, "p", str(tmp_path / "c2"), str(tmp_path / "dangling"))
+    assert os.listdir(tmp_path / "real") == []
 
 
 # --- the CLI: --json everywhere, cheap checks before Spark, unreadable exports --------------

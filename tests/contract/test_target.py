@@ -1,5 +1,6 @@
 """One contract suite for every phase-2 ``Target``: the in-memory one the unit tests
-use and the real Delta target (staged parquet files, read back with delta-rs).
+use, the real Delta target (staged parquet files, read back with delta-rs) and the
+PostgreSQL target (prepared transactions on a real server, read back with SQL).
 Then what only the Delta target checks before a record is written."""
 
 from __future__ import annotations
@@ -25,11 +26,27 @@ SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.string())])
 class Stager:
     """Stages ``rows`` for one attempt on either target; returns the txn handles."""
 
-    def __init__(self, kind, tmp_path):
+    def __init__(self, kind, tmp_path, pg=None):
         self.kind = kind
         self.uri = str(tmp_path / "table")
         if kind == "memory":
             self.target = MemoryTarget()
+        elif kind == "postgres":
+            from pyspark_txn.sinks.postgres import PostgresSinkOptions
+
+            self.server, schema = pg
+            self.table = f"{schema}.t"
+            opts = PostgresSinkOptions.parse(
+                {
+                    "url": self.server.url,
+                    "table": self.table,
+                    "createTable": "true",
+                    "checkpointLocation": "/unused",
+                    "sinkId": SINK,
+                }
+            )
+            self.config = opts.prepare_table(SCHEMA)
+            self.target = opts.target()
         else:
             opts = DeltaSinkOptions.parse(
                 {"path": self.uri, "checkpointLocation": "/unused", "sinkId": SINK}
@@ -45,10 +62,16 @@ class Stager:
         batch = pa.record_batch(
             [pa.array(ids, pa.int64()), pa.array([str(i) for i in ids])], schema=SCHEMA
         )
+        if self.kind == "postgres":
+            from pyspark_txn.sinks import postgres_target
+
+            return postgres_target.stage_partition(
+                [batch], self.config, sid, token, partition, 0, SCHEMA
+            )
         return stage_partition([batch], self.staging, sid, token, partition, SCHEMA)
 
     def record(self, sid, token, batch, txns, **kw):
-        base = None if self.kind == "memory" else self.target.base_version()
+        base = self.target.base_version() if self.kind == "delta" else None
         return SnapshotRecord(
             sink_id=SINK,
             snapshot_id=sid,
@@ -64,12 +87,16 @@ class Stager:
     def rows(self):
         if self.kind == "memory":
             return sorted(self.target.rows)
+        if self.kind == "postgres":
+            with self.server.connect() as conn:
+                return [r[0] for r in conn.execute(f"SELECT id FROM {self.table} ORDER BY id")]
         return sorted(DeltaTable(self.uri).to_pyarrow_table().column("id").to_pylist())
 
 
-@pytest.fixture(params=["memory", "delta"])
+@pytest.fixture(params=["memory", "delta", "postgres"])
 def stager(request, tmp_path):
-    return Stager(request.param, tmp_path)
+    pg = request.getfixturevalue("pg") if request.param == "postgres" else None
+    return Stager(request.param, tmp_path, pg)
 
 
 def test_commit_is_idempotent_and_versions_count(stager):

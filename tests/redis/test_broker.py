@@ -107,6 +107,24 @@ def test_a_field_that_is_not_utf8_names_its_message(redis_server, redis_db, tmp_
         list(b.fetch(b.claim(2, 0), RAW))
 
 
+def test_a_lost_group_is_created_again_after_the_last_claimed_entry(
+    redis_server, redis_db, tmp_path
+):
+    """startId=$ on a group that vanished (XGROUP DESTROY, a server that lost it) would
+    skip what arrived meanwhile: with claims in the log it starts after the last one."""
+    o = options(redis_server, tmp_path, startId="$")
+    b = opened(o)
+    for i in range(3):
+        redis_db.xadd("s", {"k": str(i)})
+    got = b.claim(10, 0)
+    assert len(got) == 3
+    redis_db.xgroup_destroy("s", "g")
+    later = [redis_db.xadd("s", {"k": f"late{i}"}).decode() for i in range(2)]
+    again = o.connect()
+    again.open(got)
+    assert again.claim(10, 0) == [f"s/{e}" for e in later]
+
+
 def test_available_now_stops_at_what_existed(redis_server, redis_db, tmp_path):
     for i in range(5):
         redis_db.xadd("s", {"k": str(i)})
@@ -165,7 +183,7 @@ def test_ack_committed_acks_claims_of_a_committed_batch(redis_server, redis_db, 
     e0 = c.latest(-1, 4)
     e1 = c.latest(e0, 4)  # acks claim 0
     assert redis_db.xpending("s", "g")["pending"] == 2
-    end = {"claim": e1, "source": "redis:g"}
+    end = {"claim": e1, "source": "redis:g:s"}
     assert ack_committed(o, o.claim_log, end) == e1
     assert ack_committed(o, o.claim_log, end) == e1  # again: harmless
     assert redis_db.xpending("s", "g")["pending"] == 0
@@ -211,6 +229,36 @@ def test_json_values_follow_the_declared_types():
         row("s/1-0", {"n": "7"})
     with pytest.raises(SourceError, match="expected an integer, got true"):
         row("s/1-0", {"n": True})
+
+
+def test_json_numbers_keep_their_precision_and_not_null_is_checked():
+    import decimal
+
+    from pyspark_txn.sources.redis import _json_document
+
+    doc = _json_document(
+        "s/1-0",
+        {"json": '{"a": 0.123456789012345678, "b": 12345678901234567890.5, "x": 1.5, '
+         '"big": 12345678901234567890123}'},
+        "json",
+    )  # fmt: skip
+    fields = [
+        pa.field("a", pa.decimal128(38, 18)),
+        pa.field("b", pa.decimal128(38, 2)),
+        pa.field("x", pa.float64()),
+        pa.field("big", pa.float64()),
+    ]
+    row = _row_converter(fields)("s/1-0", doc)
+    got = [pa.array([v], f.type)[0].as_py() for v, f in zip(row, fields, strict=True)]
+    assert got == [
+        decimal.Decimal("0.123456789012345678"),
+        decimal.Decimal("12345678901234567890.50"),
+        1.5,
+        1.2345678901234568e22,
+    ]
+    required = _row_converter([pa.field("n", pa.int64(), nullable=False)])
+    with pytest.raises(SourceError, match="message s/2-0: n is declared NOT NULL"):
+        required("s/2-0", {})
 
 
 def test_the_password_option_reaches_redis(redis_server, redis_db, tmp_path):

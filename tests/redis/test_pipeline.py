@@ -66,7 +66,7 @@ class RedisPipeline:
 
     def claim_state(self):
         store = RecordStore(DeltaEventLog(os.path.join(self.checkpoint, "pyspark_txn", "claims")))
-        return store.load_offsets(f"redis:{GROUP}")
+        return store.load_offsets(f"redis:{GROUP}:{','.join(sorted(self.streams))}")
 
 
 def produce(r, stream: str, n: int, start: int = 0) -> dict[tuple[str, str], dict]:
@@ -202,3 +202,26 @@ def test_json_payloads_become_typed_columns(spark, redis_server, redis_db, tmp_p
         (f"u{i % 3}", i * 1.5) for i in range(10)
     ]
     assert list(rows[0]) == ["stream", "id", "user", "amount"]
+
+
+def test_two_readers_with_one_group_name_on_other_streams_keep_apart(
+    spark, redis_server, redis_db, tmp_path
+):
+    """A Redis group belongs to its stream: readers of one query named alike on other
+    streams have claim logs of their own (they once served each other's claims)."""
+    a = RedisPipeline(spark, redis_server.url, tmp_path, streams=("left",))
+    b = RedisPipeline(spark, redis_server.url, tmp_path, streams=("right",))
+    sent = produce(redis_db, "left", 15) | produce(redis_db, "right", 10)
+    q = (
+        a.source()
+        .unionByName(b.source())
+        .writeStream.format("txn-delta")
+        .option("path", a.target)
+        .option("checkpointLocation", a.checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(120)
+    assert_exactly_once(a, sent)
+    assert_all_acked(a, redis_db)
+    assert_all_acked(b, redis_db)

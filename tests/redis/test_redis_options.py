@@ -28,7 +28,7 @@ def test_defaults():
     )
     assert o.payload_format == "raw"
     assert o.ddl == "stream string, id string, fields map<string,string>"
-    assert o.claim_log.uri == "/tmp/c" and o.claim_log.source_id == "redis:g"
+    assert o.claim_log.uri == "/tmp/c" and o.claim_log.source_id == "redis:g:orders"
     assert o.consumer.startswith("txn-") and o.consumer == parse().consumer  # stable
 
 
@@ -58,9 +58,13 @@ def test_the_claim_log_defaults_to_the_checkpoint():
         ({"stream": "a,a"}, "distinct, non-empty"),
         ({"group": None}, "option group .* is required"),
         ({"startId": "latest"}, r"startId='latest': expected \$ .*, 0 .* or an entry id"),
-        ({"maxMessagesPerBatch": "0"}, r"maxMessagesPerBatch='0': expected an integer >= 1"),
+        ({"maxMessagesPerBatch": "0"}, r"maxMessagesPerBatch='0': expected an integer from 1"),
+        ({"maxMessagesPerBatch": "99999999999999999999"}, "to 2147483647"),
+        ({"url": "redis://h:abc/0"}, "Port could not be cast to integer"),
+        ({"url": "redis://h:1/0?socket_timeout=abc"}, "Invalid value for 'socket_timeout'"),
+        ({"url": "redis://h:1/abc"}, "the path must be a database number such as /0"),
         ({"maxMessagesPerBatch": "many"}, "maxMessagesPerBatch='many'"),
-        ({"blockMs": "-1"}, r"blockMs='-1': expected an integer >= 0"),
+        ({"blockMs": "-1"}, r"blockMs='-1': expected an integer from 0"),
         ({"claimIdleMs": "1.5"}, "claimIdleMs='1.5'"),
         ({"payloadFormat": "avro"}, r"payloadFormat='avro': expected one of \['raw', 'json'\]"),
         ({"payloadFormat": "json"}, "payloadFormat=json needs option schema"),
@@ -91,9 +95,17 @@ def test_the_password_is_never_shown():
     o = parse(url="redis://u:s3cret@127.0.0.1:1/0", password="other-s3cret")
     assert "s3cret" not in repr(o) and "s3cret" not in o.describe()
     assert pickle.loads(pickle.dumps(o)) == o  # travels to executors as plain config
-    with pytest.raises(ConfigError) as e:
-        parse(url="http://u:s3cret@h/0")
-    assert "s3cret" not in str(e.value)
+    for url in (
+        "http://u:s3cret@h/0",  # a scheme it refuses
+        "u:s3cret@h:1/0",  # no scheme at all
+        "redis://:s3cret@h:abc/0",  # a bad port
+        "redis://h:abc/0?password=s3cret",  # redis-py's query-string password
+    ):
+        with pytest.raises(ConfigError) as e:
+            parse(url=url)
+        assert "s3cret" not in str(e.value), str(e.value)
+    for url in ("redis://h:1/0?password=s3cret", "unix:///tmp/r.sock?db=0&password=s3cret"):
+        assert "s3cret" not in parse(url=url).describe()
 
 
 def test_a_schema_that_contradicts_the_options_is_refused():

@@ -121,3 +121,13 @@ def test_locations_delta_rs_cannot_use_are_refused_by_name(tmp_path, path, probl
     with pytest.raises(ConfigError, match=problem):
         DeltaSinkOptions.parse({"path": path, "checkpointLocation": str(tmp_path / "c")})
     assert not (tmp_path / "c").exists()
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports test modules by basename (rootdir/prepend mode, no packages): two
+    files of one name in different folders stop the whole collection."""
+    from collections import Counter
+    from pathlib import Path
+
+    names = Counter(p.name for p in Path(__file__).parents[1].rglob("test_*.py"))
+    assert [n for n, k in names.items() if k > 1] == []

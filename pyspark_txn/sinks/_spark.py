@@ -1,0 +1,189 @@
+"""Spark glue shared by every two-phase sink (txn-delta, txn-postgres).
+
+Everything here is about Spark's Python data source API, not about a target:
+the writer base class, the commit message that carries phase 1's handles back
+to the driver, the run id of a task, worker logging, the stream's Arrow schema,
+the option parsers the sinks share, and allocation before phase 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+from ..errors import ConfigError
+from ..state.core import NAME_CHARS
+from .twophase import TwoPhaseCommitter
+
+try:  # PySpark >= 4.1
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as WriterBase
+except ImportError:  # 4.0: an Arrow writer mixed into the stream writer works there
+    from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
+
+    class WriterBase(DataSourceArrowWriter, DataSourceStreamWriter):  # type: ignore[no-redef,misc]
+        pass
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "OFF")
+
+
+def parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"option {name}={value!r}: expected true or false")
+
+
+def parse_positive_int(name: str, value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise ConfigError(f"option {name}={value!r}: expected a positive integer")
+    return n
+
+
+def parse_log_level(value: str) -> str:
+    level = value.strip().upper()
+    level = {"WARN": "WARNING"}.get(level, level)  # Spark's spelling
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"option logLevel={value!r}: expected one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+def check_sink_id(sink_id: str, option: str) -> str:
+    if not sink_id or not set(sink_id) <= NAME_CHARS or sink_id.startswith("."):
+        raise ConfigError(
+            f"option {option}={sink_id!r}: use letters, digits, '-', '_' and '.' only "
+            "(it names folders and Delta app transactions)"
+        )
+    return sink_id
+
+
+@dataclass
+class TxnCommitMessage(WriterCommitMessage):
+    """What one write task sends the driver: its attempt, Spark's run id and its handles."""
+
+    sink_id: str
+    snapshot_id: int
+    token: str
+    run_id: str | None
+    partition: int
+    txns: list[dict[str, Any]]
+    replay: bool = False  # the task staged nothing: the planner knew the batch was decided
+
+
+def spark_run_id() -> str | None:
+    """Spark's ``runId`` of the query run this task belongs to, from the task's local
+    properties (StreamExecution sets the job group to it; measured on 4.0-4.3). It is
+    the same for every task of one run and new at every (re)start of the query."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return None
+    description = ctx.getLocalProperty("spark.job.description") or ""
+    for line in description.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "runId" and value.strip():
+            return value.strip()
+    return ctx.getLocalProperty("spark.jobGroup.id") or None
+
+
+def worker_logging(level: str) -> None:
+    """Send this package's log lines to stderr in a Spark Python worker, at ``level``.
+
+    Workers are separate processes that never see the application's logging
+    setup, so without this the per-batch line and every recovery warning would
+    be dropped. Nothing is changed where the application configured logging
+    itself (a handler on ``pyspark_txn`` or the root logger). Spark reuses
+    workers across queries, so the level is set at every call: queries with
+    different levels running at the same moment share the last one set.
+    """
+    package = logging.getLogger("pyspark_txn")
+    ours = [h for h in package.handlers if getattr(h, "_pyspark_txn_worker", False)]
+    if not ours and (package.handlers or logging.getLogger().handlers):
+        return
+    if not ours:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler._pyspark_txn_worker = True  # type: ignore[attr-defined]
+        package.addHandler(handler)
+        package.propagate = False
+    package.setLevel(logging.CRITICAL + 1 if level == "OFF" else getattr(logging, level))
+
+
+_CREATED: set[str] = set()
+_CREATED_LOCK = threading.Lock()
+
+
+def prepare_attempt(
+    committer: TwoPhaseCommitter, record_table: str, *, release_staged: bool = False
+) -> tuple[int, str]:
+    """Planner side, before phase 1 (the writer checked the stream's schema when it was
+    made): allocate the batch's snapshot id. Returns (snapshot id, token).
+    ``release_staged``: first free what earlier attempts hold (targets with locks).
+
+    Nothing here knows which query run it plans for (Spark plans on a pool of
+    Python workers): fencing happens at commit, by Spark's run id.
+    """
+    with _CREATED_LOCK:
+        if record_table not in _CREATED:
+            committer.store.log.create_if_missing()
+            _CREATED.add(record_table)
+    if release_staged:
+        committer.release_staged()
+    return committer.allocate()
+
+
+def spark_to_arrow_schema(spark_schema, target: str = "a Delta table"):
+    """The Arrow schema of the stream. Timestamps are UTC instants, as on Spark's Arrow path.
+
+    A column Arrow (or the target) cannot carry is named in a ``ConfigError``
+    before anything is staged, not left to a conversion traceback.
+    """
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    from ..spark_features import utc_arrow_schema_kwargs
+
+    fields = []
+    for f in spark_schema.fields:
+        if "variant" in f.dataType.simpleString():
+            raise ConfigError(
+                f"column {f.name!r} has type {f.dataType.simpleString()}: pyspark-txn cannot "
+                "write VARIANT yet; convert it first, e.g. to_json(col)"
+            )
+        try:
+            fields.append(to_arrow_schema(StructType([f]), **utc_arrow_schema_kwargs()).field(0))
+        except Exception as e:
+            raise ConfigError(
+                f"column {f.name!r} has type {f.dataType.simpleString()}, which cannot be "
+                f"written to {target} ({e}); cast it or give it a type with .cast(...)"
+            ) from None
+    return pa.schema(fields)
+
+
+def as_arrow(iterator, arrow_schema, chunk_rows: int = 65536):
+    """Arrow batches from whatever the installed PySpark hands the writer."""
+    import pyarrow as pa
+
+    rows: list = []
+    for item in iterator:
+        if isinstance(item, pa.RecordBatch):
+            yield item
+            continue
+        rows.append(item.asDict(recursive=True))
+        if len(rows) >= chunk_rows:
+            yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
+            rows = []
+    if rows:
+        yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
