@@ -17,6 +17,16 @@ from .session import local_session, process_available, register
 
 __version__ = "0.1.0"
 
+
+def delta_batch_writer(path: str, checkpoint: str, **options):
+    """The fast path: a ``foreachBatch`` function that appends each micro-batch to a
+    Delta table exactly once, staged by Spark's own parquet writer (docs/fast_path.md).
+    Imported lazily: PySpark is needed only when it is used."""
+    from .sinks.fast import delta_batch_writer as make
+
+    return make(path, checkpoint, **options)
+
+
 __all__ = [
     "CheckpointMismatchError",
     "CommitConflict",
@@ -30,6 +40,7 @@ __all__ = [
     "TxnError",
     "UnsupportedFormatVersion",
     "__version__",
+    "delta_batch_writer",
     "local_session",
     "process_available",
     "register",

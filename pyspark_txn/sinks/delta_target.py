@@ -307,8 +307,15 @@ class DeltaTarget(Target):
             self.fs.rm(markers)
         base = self._abs(snapshot_dir(self.sink_id, snapshot_id, token))
         try:
-            if self.fs.exists(base) and not self.fs.ls(base, detail=False):
-                self.fs.rmdir(base)
+            if not self.fs.exists(base):
+                return
+            # Folders left empty inside it (the fast path's Spark output folder after a
+            # failed write), deepest first, then the attempt's own folder.
+            found = self.fs.find(base, withdirs=True, detail=True)
+            dirs = {p for p, info in found.items() if info.get("type") == "directory"}
+            for d in sorted(dirs - {base}, key=len, reverse=True) + [base]:
+                if not self.fs.ls(d, detail=False):
+                    self.fs.rmdir(d)
         except OSError:  # a late marker, or a folder of the earlier layout: keep it
             log.debug("sink %s: staging folder %s kept", self.sink_id, base, exc_info=True)
 

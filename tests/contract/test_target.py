@@ -447,3 +447,31 @@ def test_a_created_table_is_nullable_like_sparks_and_empty_partition_strings_are
     assert all(f.nullable for f in table.schema().to_arrow())
     rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
     assert [r["p"] for r in rows] == [None, "x"]
+
+
+def test_a_failed_spark_write_in_the_attempt_folder_is_found_discarded_and_forgotten(delta):
+    """The fast path's layout: Spark writes into ``<attempt folder>/spark/`` and a failed
+    job leaves files and empty task folders there. ``staged_attempts`` lists the
+    attempt, ``discard`` removes every file, ``forget`` leaves no folder behind."""
+    import pathlib
+
+    from pyspark_txn.sinks.staging import snapshot_dir
+
+    target = delta.target
+    tok = new_token()
+    base = pathlib.Path(delta.uri) / snapshot_dir(SINK, 7, tok)
+    (base / "spark" / "_temporary" / "0" / "task_1").mkdir(parents=True)
+    (base / "00000-abcdef01-0000.dir").write_text("")
+    (base / "spark" / "_temporary" / "0" / "task_1" / "part-00000-x.snappy.parquet").write_bytes(
+        b"x"
+    )
+    (base / "spark" / ".part-00001-y.snappy.parquet.crc").write_bytes(b"c")
+    renamed = pathlib.Path(delta.uri) / f"part-{SINK}-{7:012d}-{tok}-00000-abcdef01-0000.parquet"
+    renamed.write_bytes(b"p")
+    assert (7, tok) in target.staged_attempts()
+    target.discard(7, tok)
+    left = [p for p in pathlib.Path(delta.uri).rglob("*") if p.is_file()]
+    assert left == [base / "00000-abcdef01-0000.dir"]
+    target.forget(7, tok)
+    assert not base.exists()
+    assert (7, tok) not in target.staged_attempts()

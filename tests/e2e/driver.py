@@ -1,9 +1,12 @@
 """A whole pipeline driver in its own process, for kill -9 and fencing tests.
 
-usage: driver.py BASE TOTAL PER_BATCH [--continuous RATE] [--redis URL] [--option KEY=VALUE ...]
+usage: driver.py BASE TOTAL PER_BATCH [--continuous RATE] [--redis URL] [--fast]
+                 [--option KEY=VALUE ...]
 
 With ``--redis URL`` the source is ``txn-redis`` (stream ``orders``, group ``g``
 from the stream's start, PER_BATCH messages a batch) instead of ``txn-sequence``.
+With ``--fast`` the sink is the fast path (``delta_batch_writer`` in foreachBatch)
+with the same options, instead of ``txn-delta``.
 """
 
 import sys
@@ -30,15 +33,20 @@ def main() -> int:
         reader = reader.option("totalRows", total)
     if continuous:
         reader = reader.option("rowsPerSecond", sys.argv[sys.argv.index("--continuous") + 1])
-    w = (
-        reader.load()
-        .writeStream.format("txn-delta")
-        .option("path", f"{base}/target")
-        .option("checkpointLocation", f"{base}/chk")
-    )
+    options = {}
     for i, arg in enumerate(sys.argv):
         if arg == "--option":
             key, _, value = sys.argv[i + 1].partition("=")
+            options[key] = value
+    w = reader.load().writeStream.option("checkpointLocation", f"{base}/chk")
+    if "--fast" in sys.argv:
+        sink = pyspark_txn.delta_batch_writer(
+            path=f"{base}/target", checkpoint=f"{base}/chk", **options
+        )
+        w = w.foreachBatch(sink)
+    else:
+        w = w.format("txn-delta").option("path", f"{base}/target")
+        for key, value in options.items():
             w = w.option(key, value)
     w = w.trigger(processingTime="500 milliseconds") if continuous else w.trigger(availableNow=True)
     q = w.start()
