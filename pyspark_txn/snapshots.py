@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from . import _fs, admin
+from .checkpoint import latest_batch
 from .errors import ConfigError, CorruptSnapshotError, TxnError
 from .state import SinkState, SnapshotRecord, allocate, fold_sink
 from .state.core import (
@@ -1044,7 +1045,8 @@ def stop_and_export(
     query.stop()
     admin.settle(location, sink, reason=f"stop_and_export {name!r}")
     sink_state = handle.load()
-    record, version = _pin(sink_state, handle.target(), None)
+    newest = _spark_committed(handle, sink_state, session)
+    record, version = _pin(sink_state, handle.target(), newest)
     return _export_pinned(
         handle,
         name,
@@ -1056,6 +1058,21 @@ def stop_and_export(
         details={"terminal": True},
         replace_unfinished=replace_unfinished,
     )
+
+
+def _spark_committed(handle: admin.SinkHandle, state: SinkState, session) -> int | None:
+    """With state tables: the snapshot id of the newest record in Spark's commit log.
+
+    Spark's state reader reads committed batches only, and a stop can fall between
+    the sink's commit of a batch and Spark's commit-log entry for it: the cut is then
+    the batch before (Spark replays the newer one, a no-op for the sink, at restart).
+    None (the sink's newest committed record) without state.
+    """
+    if session is None or handle.checkpoint is None:
+        return None
+    done = latest_batch(handle.checkpoint, "commits", dict(handle.storage_options) or None)
+    kept = [r for r in state.records.values() if done is not None and r.batch_id <= done]
+    return max(kept, key=lambda r: r.snapshot_id).snapshot_id if kept else None
 
 
 # --- verify and delete -----------------------------------------------------------
