@@ -1,19 +1,26 @@
-"""The fast path (issue 14) beside Spark's parquet sink, txn-delta and a hand-written
-foreachBatch + delta-rs, on one JVM source, in one run.
+"""The fast path (issue 14) beside Spark's parquet sink, txn-delta, the count-only
+Python writer and a hand-written foreachBatch + delta-rs, on one source, in one run.
 
-    .venv/bin/python benchmarks/fast_path.py [--rows 4000000] [--rounds 3]
+    .venv/bin/python benchmarks/fast_path.py [--source jvm|python] [--batches N]
+                                             [--rows 4000000] [--rounds 5]
 
-The source is Spark's parquet file source over ``--rows`` rows (4 int64 columns,
-4 files) read in one micro-batch (``availableNow``), so no Python source sits
-in front of any sink. Sinks:
+Sources:
+  jvm     Spark's parquet file source over ``--rows`` rows (4 int64 columns) in
+          two files per micro-batch (``maxFilesPerTrigger``), so no
+          Python source sits in front of any sink
+  python  this package's ``txn-sequence`` (4 int64 columns), ``--batches`` micro-batches
+Sinks:
   parquet       Spark's parquet file sink (JVM only, not transactional into Delta)
   fast          ``pyspark_txn.delta_batch_writer`` in foreachBatch: Spark's parquet
                 writer stages, the two-phase protocol commits to Delta
   txn-delta     this package's Python Data Source sink (rows cross to Python workers)
+  count-only    a Python Arrow writer that only counts rows: the ceiling of any
+                Python Data Source sink
   foreachBatch  toArrow() into the driver, delta-rs write_deltalake, skipping
                 committed batch ids (the hand-written alternative)
-Rounds run the sinks in a random order after a GC of both heaps; medians and
-paired ratios (median over rounds of per-round ratios) are printed as JSON too.
+Rounds run the sinks in a random order after a GC of both heaps; medians and paired
+ratios (median over rounds of per-round ratios) are printed, and written as JSON to
+``benchmarks/results/fast_path_<source>_<batches>.json``.
 """
 
 from __future__ import annotations
@@ -21,16 +28,26 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 
-SINKS = ["parquet", "fast", "txn-delta", "foreachBatch"]
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+# Python workers unpickle the count-only sink by module name: let them import it
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_HERE, os.environ.get("PYTHONPATH")]))
+from sink_throughput import CountOnlySink, foreach_batch_to_delta, paired_ratio  # noqa: E402
+
+SINKS = ["parquet", "fast", "txn-delta", "count-only", "foreachBatch"]
+SCHEMA = "id long, a long, b long, c long"
+FILES_PER_BATCH = 2  # one read task per core of local[2]
 
 
-def make_source(folder: str, rows: int, files: int = 4) -> None:
+def make_source(folder: str, rows: int, files: int) -> None:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -39,51 +56,55 @@ def make_source(folder: str, rows: int, files: int = 4) -> None:
     for i in range(files):
         ids = np.arange(i * per, min(rows, (i + 1) * per), dtype=np.int64)
         table = pa.table({"id": ids, "a": ids * 3, "b": ids % 1000, "c": ids * 7})
-        pq.write_table(table, f"{folder}/part-{i}.parquet")
+        pq.write_table(table, f"{folder}/part-{i:05d}.parquet")
 
 
-def foreach_batch_to_delta(path: str, app_id: str):
-    def write(df, batch_id: int) -> None:
-        from deltalake import DeltaTable, write_deltalake
-        from deltalake.transaction import CommitProperties, Transaction
-
-        dt = DeltaTable(path) if DeltaTable.is_deltatable(path) else None
-        if dt is not None and (dt.transaction_version(app_id) or -1) >= batch_id:
-            return
-        write_deltalake(
-            dt if dt is not None else path,
-            df.toArrow(),
-            mode="append",
-            commit_properties=CommitProperties(
-                app_transactions=[Transaction(app_id=app_id, version=batch_id)]
-            ),
+def source_frame(spark, args, folder: str, rows: int):
+    if args.source == "jvm":
+        return (
+            spark.readStream.schema(SCHEMA)
+            .option("maxFilesPerTrigger", FILES_PER_BATCH)
+            .parquet(folder)
         )
+    return (
+        spark.readStream.format("txn-sequence")
+        .option("rowsPerBatch", -(-rows // args.batches))
+        .option("totalRows", rows)
+        .option("numPartitions", 2)
+        .option("width", 3)
+        .load()
+    )
 
-    return write
 
-
-def run_once(spark, sink: str, source: str, rows: int, work: str) -> float:
+def run_once(spark, sink: str, args, folder: str, rows: int, work: str) -> float:
     import pyspark_txn
 
     shutil.rmtree(work, ignore_errors=True)
-    df = spark.readStream.schema("id long, a long, b long, c long").parquet(source)
-    chk = f"{work}/chk"
-    w = df.writeStream.option("checkpointLocation", chk).trigger(availableNow=True)
-    out = f"{work}/out"
+    chk, out = f"{work}/chk", f"{work}/out"
+    w = (
+        source_frame(spark, args, folder, rows)
+        .writeStream.option("checkpointLocation", chk)
+        .trigger(availableNow=True)
+    )
     if sink == "parquet":
         w = w.format("parquet").option("path", out)
     elif sink == "fast":
         w = w.foreachBatch(pyspark_txn.delta_batch_writer(path=out, checkpoint=chk))
     elif sink == "txn-delta":
         w = w.format("txn-delta").option("path", out)
+    elif sink == "count-only":
+        w = w.format("bench-count-only")
     elif sink == "foreachBatch":
         w = w.foreachBatch(foreach_batch_to_delta(out, "bench"))
     else:
         raise ValueError(sink)
     t0 = time.perf_counter()
-    w.start().awaitTermination()
+    query = w.start()
+    query.awaitTermination()
     elapsed = time.perf_counter() - t0
-    if sink != "parquet":
+    batches = len(query.recentProgress)
+    assert batches == args.batches, f"{sink} ran {batches} batches, expected {args.batches}"
+    if sink in ("fast", "txn-delta", "foreachBatch"):
         from deltalake import DeltaTable
 
         got = DeltaTable(out).count()
@@ -97,46 +118,66 @@ def main() -> None:
     import pyspark_txn
 
     parser = argparse.ArgumentParser()
+    parser.add_argument("--source", choices=("jvm", "python"), default="jvm")
     parser.add_argument("--rows", type=int, default=4_000_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=1, help="seed of the per-round run order")
+    parser.add_argument("--sinks", default=",".join(SINKS))
     args = parser.parse_args()
+    sinks = args.sinks.split(",")
     logging.basicConfig(level=logging.WARNING)
     spark = pyspark_txn.local_session(
-        "bench-fast", **{"spark.sql.execution.arrow.maxRecordsPerBatch": "100000"}
+        "bench-fast",
+        **{
+            "spark.sql.execution.arrow.maxRecordsPerBatch": "100000",
+            "spark.ui.showConsoleProgress": "false",
+        },
     )
+    spark.dataSource.register(CountOnlySink)
     work = tempfile.mkdtemp(prefix="txn-bench-fast-")
-    source = f"{work}/source"
-    import os
-
-    os.makedirs(source)
-    make_source(source, args.rows)
-    for sink in SINKS:  # JIT, Python workers
-        run_once(spark, sink, source, args.rows, f"{work}/warmup")
-    times: dict[str, list[float]] = {s: [] for s in SINKS}
+    folder = f"{work}/source"
+    os.makedirs(folder)
+    if args.source == "jvm":
+        make_source(folder, args.rows, args.batches * FILES_PER_BATCH)
+    warm_rows = args.rows // 10
+    warm = f"{work}/warm-source"
+    os.makedirs(warm)
+    if args.source == "jvm":
+        make_source(warm, warm_rows, args.batches * FILES_PER_BATCH)
+    for sink in sinks:  # JIT, Python workers, the first batch of a fresh JVM
+        run_once(spark, sink, args, warm, warm_rows, f"{work}/warmup")
+    times: dict[str, list[float]] = {s: [] for s in sinks}
+    rng = random.Random(args.seed)
     for r in range(args.rounds):
-        order = random.sample(SINKS, len(SINKS))
-        for sink in order:
+        for sink in rng.sample(sinks, len(sinks)):
             gc.collect()
             spark.sparkContext._jvm.System.gc()
-            t = run_once(spark, sink, source, args.rows, f"{work}/{sink}")
+            time.sleep(0.5)
+            t = run_once(spark, sink, args, folder, args.rows, f"{work}/{sink}")
             times[sink].append(t)
-            print(f"round {r} {sink}: {t:.2f} s ({args.rows / t / 1e6:.2f} M rows/s)", flush=True)
-    rate = {s: args.rows / statistics.median(ts) / 1e6 for s, ts in times.items()}
-
-    def paired(a: str, b: str) -> float:
-        return statistics.median(tb / ta for ta, tb in zip(times[a], times[b], strict=True))
-
-    ratios = {
-        "fast / parquet": paired("fast", "parquet"),
-        "fast / txn-delta": paired("fast", "txn-delta"),
-        "fast / foreachBatch": paired("fast", "foreachBatch"),
-        "txn-delta / parquet": paired("txn-delta", "parquet"),
-    }
-    print("\nmedian M rows/s: " + ", ".join(f"{s} {rate[s]:.2f}" for s in SINKS))
-    print("paired ratios (throughput): " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
-    print(json.dumps({"rows": args.rows, "times_s": times, "m_rows_per_s": rate, "ratios": ratios}))
+            print(f"round {r + 1} {sink:<12} {t:6.2f} s  {args.rows / t / 1e6:5.2f} M rows/s")
     spark.stop()
     shutil.rmtree(work, ignore_errors=True)
+    rate = {s: args.rows / statistics.median(ts) / 1e6 for s, ts in times.items()}
+    pairs = [
+        ("fast", "parquet"),
+        ("fast", "txn-delta"),
+        ("fast", "count-only"),
+        ("fast", "foreachBatch"),
+        ("txn-delta", "parquet"),
+        ("count-only", "parquet"),
+    ]
+    ratios = {
+        f"{a} / {b}": paired_ratio(times, a, b) for a, b in pairs if a in times and b in times
+    }
+    print(f"\n{args.source} source, {args.rows} rows in {args.batches} batches")
+    print("median M rows/s: " + ", ".join(f"{s} {rate[s]:.2f}" for s in sinks))
+    print("paired ratios (throughput): " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
+    os.makedirs("benchmarks/results", exist_ok=True)
+    result = {"args": vars(args), "times_s": times, "m_rows_per_s": rate, "ratios": ratios}
+    with open(f"benchmarks/results/fast_path_{args.source}_{args.batches}.json", "w") as f:
+        json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -523,7 +523,10 @@ class _RollingFile:
         self.writer = self.file = None
 
 
-def _dictionary_columns(schema) -> list[str] | bool:
+def dictionary_columns(schema) -> list[str] | bool:
+    """The top-level columns worth dictionary encoding: strings and binaries. Both Delta
+    writers (this one and the fast path's Spark writer) use the same rule, so a table
+    gets the same files whichever path wrote it."""
     import pyarrow as pa
 
     names = [
@@ -549,7 +552,7 @@ class PartitionStager:
         self.partition = partition
         self.schema = schema
         self.file_schema = pa.schema([f for f in schema if f.name not in cfg.partition_by])
-        self.dictionary_columns = _dictionary_columns(self.file_schema)
+        self.dictionary_columns = dictionary_columns(self.file_schema)
         self.table_root = cfg.table_uri
         self.fs, self.fs_root = _fs.filesystem(cfg.table_uri, dict(cfg.fs_options))
         self.local = _fs.is_local(cfg.table_uri)
