@@ -38,6 +38,6 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv || { apt_install python3-venv; "$PYTHON" -m venv .venv; }
 fi
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "WARNING: Location" || true
-.venv/bin/python -m pip install -q -e '.[spark,dev,redis,postgres]' 2>&1 | grep -v "WARNING: Location" || true
+.venv/bin/python -m pip install -q -e '.[spark,connect,dev,redis,postgres]' 2>&1 | grep -v "WARNING: Location" || true
 .venv/bin/python -c "import pyspark_txn, pyspark, deltalake, redis, psycopg" \
   || { echo "setup: pyspark-txn did not install" >&2; exit 1; }
