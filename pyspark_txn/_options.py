@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+from collections.abc import Iterable, Mapping
 
 from .errors import ConfigError
 
@@ -32,3 +34,46 @@ def parse_storage_options(raw: str | None, where: str, option: str) -> tuple[tup
             f"{STORAGE_OPTIONS_EXAMPLE}; got {raw!r}"
         )
     return tuple(sorted(parsed.items()))
+
+
+#: Options a format accepts but never lists to users (crash plans of the tests).
+HIDDEN_OPTIONS = frozenset({"faultinjection"})
+
+
+def reject_unknown_options(
+    where: str,
+    given: Iterable[str],
+    known: Iterable[str],
+    prefixes: Mapping[str, str] | None = None,
+    implicit: Iterable[str] = (),
+) -> None:
+    """Raise :class:`ConfigError` naming every option in ``given`` that ``known`` (names
+    as users spell them; matched case-insensitively, as Spark does) does not have, with
+    the closest known name where one is near ("did you mean ...?").
+
+    ``prefixes`` maps an accepted prefix (``"fs."``) to how to list it
+    (``"fs.<fsspec option>"``); ``implicit`` are names Spark passes itself (``path`` of
+    a source): accepted, never listed.
+    """
+    prefixes = prefixes or {}
+    canonical = {name.lower(): name for name in known}
+    accepted = set(canonical) | {name.lower() for name in implicit}
+    unknown = sorted(
+        key
+        for key in given
+        if key.lower() not in accepted and not key.lower().startswith(tuple(prefixes))
+    )
+    if not unknown:
+        return
+    listed = sorted((n for low, n in canonical.items() if low not in HIDDEN_OPTIONS), key=str.lower)
+    choices = [low for low in canonical if low not in HIDDEN_OPTIONS]
+
+    def describe(key: str) -> str:
+        near = difflib.get_close_matches(key.lower(), choices, n=1, cutoff=0.75)
+        return f"{key!r} (did you mean {canonical[near[0]]}?)" if near else repr(key)
+
+    allowed = ", ".join(listed + list(prefixes.values()))
+    raise ConfigError(
+        f"{where}: unknown option{'s' if len(unknown) > 1 else ''} "
+        f"{', '.join(describe(k) for k in unknown)}; allowed (case-insensitive): {allowed}"
+    )

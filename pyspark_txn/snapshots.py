@@ -249,8 +249,6 @@ def _check_name_free(state: SinkState, name: str, serving: bool = False) -> None
         )
 
 
-
-
 def _relation(a: str, b: str) -> str | None:
     """How location ``a`` relates to ``b``: "is", "is inside", "contains" or None."""
     ra, rb = _fs.resolved(a), _fs.resolved(b)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import _fs
-from .._options import parse_storage_options
+from .._options import parse_storage_options, reject_unknown_options
 from ..checkpoint import (
     default_record_table,
     persisted_sink_id,
@@ -50,25 +50,25 @@ log = logging.getLogger(__name__)
 
 SINK_OPTIONS = {
     "path": "target Delta table URI (required)",
-    "checkpointlocation": "set by Spark from writeStream.option('checkpointLocation')",
-    "queryname": "set by Spark from queryName()",
-    "recordtable": "record table URI (default <checkpointLocation>/pyspark_txn/records)",
-    "sinkid": "the sink's id (default derived from the checkpoint location)",
-    "sinkidprefix": "prefix of the derived sink id (default 'txn')",
-    "partitionby": "comma-separated partition columns",
-    "storageoptions": "JSON object of delta-rs storage options",
-    "mergeschema": "true|false: add new nullable stream columns to the table",
-    "rowgrouprows": "rows per parquet row group (default 1000000)",
+    "checkpointLocation": "set by Spark from writeStream.option('checkpointLocation')",
+    "queryName": "set by Spark from queryName()",
+    "recordTable": "record table URI (default <checkpointLocation>/pyspark_txn/records)",
+    "sinkId": "the sink's id (default derived from the checkpoint location)",
+    "sinkIdPrefix": "prefix of the derived sink id (default 'txn')",
+    "partitionBy": "comma-separated partition columns",
+    "storageOptions": "JSON object of delta-rs storage options",
+    "mergeSchema": "true|false: add new nullable stream columns to the table",
+    "rowGroupRows": "rows per parquet row group (default 1000000)",
     "compression": "parquet codec of staged files: snappy (default), zstd, lz4, gzip or none",
-    "targetfilerows": "rows per staged file before rolling over (default 8000000)",
-    "usermetadata": "text kept in every commit's commitInfo.userMetadata (as delta-spark)",
-    "tablename": "name of the table when the sink creates it",
-    "tabledescription": "description of the table when the sink creates it",
-    "loglevel": "what Spark's Python workers log to stderr (the driver's log in local mode): "
+    "targetFileRows": "rows per staged file before rolling over (default 8000000)",
+    "userMetadata": "text kept in every commit's commitInfo.userMetadata (as delta-spark)",
+    "tableName": "name of the table when the sink creates it",
+    "tableDescription": "description of the table when the sink creates it",
+    "logLevel": "what Spark's Python workers log to stderr (the driver's log in local mode): "
     "INFO (default: one line per batch), WARNING (or WARN), ERROR, DEBUG or OFF",
     "mode": "snapshots (default: snapshot records, fencing) or light (see docs/modes.md)",
-    "retainsnapshots": "snapshot records the record table keeps (default 100; older are summarized)",
-    "faultinjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
+    "retainSnapshots": "snapshot records the record table keeps (default 100; older are summarized)",
+    "faultInjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
 }
 MODES = ("snapshots", "light")
 #: Options that only mean something when snapshot records are kept.
@@ -190,16 +190,12 @@ class DeltaSinkOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> DeltaSinkOptions:
         opts = {k.lower(): v for k, v in options.items()}
-        unknown = sorted(
-            k
-            for k in opts
-            if k not in SINK_OPTIONS and not k.startswith("fs.") and not k.startswith("delta.")
+        reject_unknown_options(
+            "txn-delta sink",
+            opts,
+            SINK_OPTIONS,
+            {"fs.": "fs.<fsspec option>", "delta.": "delta.<table property>"},
         )
-        if unknown:
-            allowed = (
-                ", ".join(sorted(SINK_OPTIONS)) + ", fs.<fsspec option>, delta.<table property>"
-            )
-            raise ConfigError(f"txn-delta sink: unknown option(s) {unknown}; allowed: {allowed}")
         if not opts.get("path"):
             raise ConfigError(
                 "txn-delta sink: option path (the target Delta table) is required: "

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import _fs
+from .._options import reject_unknown_options
 from ..checkpoint import (
     default_record_table,
     latest_batch,
@@ -69,20 +70,20 @@ from .twophase import TwoPhaseCommitter
 
 SINK_OPTIONS = {
     "url": "libpq URI of the database, e.g. postgresql://user@host:5432/db (required)",
-    "passwordfile": "file holding the password (else the URI's, or PGPASSWORD / ~/.pgpass)",
+    "passwordFile": "file holding the password (else the URI's, or PGPASSWORD / ~/.pgpass)",
     "table": "target table, schema.table (required)",
-    "createtable": "true|false (default false): create the table from the stream's schema",
+    "createTable": "true|false (default false): create the table from the stream's schema",
     "mode": "append (default) or upsert (INSERT … ON CONFLICT on keyColumns)",
-    "keycolumns": "comma-separated key columns of mode=upsert",
-    "batchrows": "rows converted per COPY chunk in a write task (default 10000)",
-    "locktimeout": "seconds a write task waits for a row lock before failing (default 60)",
-    "checkpointlocation": "set by Spark from writeStream.option('checkpointLocation')",
-    "queryname": "set by Spark from queryName()",
-    "sinkid": "the sink's id (default derived from the checkpoint location)",
-    "sinkidprefix": "prefix of the derived sink id (default 'txn')",
-    "retainsnapshots": "snapshot records the record table keeps (default 100)",
-    "loglevel": "what Spark's Python workers log: INFO (default), WARNING, ERROR, DEBUG or OFF",
-    "faultinjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
+    "keyColumns": "comma-separated key columns of mode=upsert",
+    "batchRows": "rows converted per COPY chunk in a write task (default 10000)",
+    "lockTimeout": "seconds a write task waits for a row lock before failing (default 60)",
+    "checkpointLocation": "set by Spark from writeStream.option('checkpointLocation')",
+    "queryName": "set by Spark from queryName()",
+    "sinkId": "the sink's id (default derived from the checkpoint location)",
+    "sinkIdPrefix": "prefix of the derived sink id (default 'txn')",
+    "retainSnapshots": "snapshot records the record table keeps (default 100)",
+    "logLevel": "what Spark's Python workers log: INFO (default), WARNING, ERROR, DEBUG or OFF",
+    "faultInjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
 }
 MODES = ("append", "upsert")
 # gid = ptxn:<sink>:<12 digits>:<10-char token>:<partition>:<attempt>
@@ -122,12 +123,7 @@ class PostgresSinkOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> PostgresSinkOptions:
         opts = {k.lower(): v for k, v in options.items()}
-        unknown = sorted(k for k in opts if k not in SINK_OPTIONS)
-        if unknown:
-            raise ConfigError(
-                f"txn-postgres sink: unknown option(s) {unknown}; allowed: "
-                f"{', '.join(sorted(SINK_OPTIONS))}"
-            )
+        reject_unknown_options("txn-postgres sink", opts, SINK_OPTIONS)
         if not opts.get("url"):
             raise ConfigError(
                 "txn-postgres sink: option url is required: a libpq URI such as "

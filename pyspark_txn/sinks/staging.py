@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
-from typing import Any
+from typing import Any, Literal
 
 from .. import _fs
 from ..state import TxnHandle
@@ -523,7 +523,7 @@ class _RollingFile:
         self.writer = self.file = None
 
 
-def dictionary_columns(schema) -> list[str] | bool:
+def dictionary_columns(schema) -> list[str] | Literal[False]:
     """The top-level columns worth dictionary encoding: strings and binaries. Both Delta
     writers (this one and the fast path's Spark writer) use the same rule, so a table
     gets the same files whichever path wrote it."""

@@ -42,7 +42,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from .. import _fs
-from .._options import parse_storage_options
+from .._options import parse_storage_options, reject_unknown_options
 from ..errors import ConfigError, SourceError
 from ..sinks.delta import spark_to_arrow_schema
 from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order
@@ -51,12 +51,12 @@ from ._partition_values import DECIMAL_TYPE, INTEGRAL_TYPES, parse_partition_val
 
 DELTA_SOURCE_OPTIONS = {
     "path": "Delta table URI (required)",
-    "startingversion": "'snapshot' (default: the table as of the start, then its appends), "
+    "startingVersion": "'snapshot' (default: the table as of the start, then its appends), "
     "a version number (appends from that commit on) or 'latest' (only new appends)",
-    "maxfilesperbatch": "most data files per micro-batch (default 1000)",
-    "ignorechanges": "true: don't stop at commits that remove data; their removes are ignored "
+    "maxFilesPerBatch": "most data files per micro-batch (default 1000)",
+    "ignoreChanges": "true: don't stop at commits that remove data; their removes are ignored "
     "and the files they add are streamed (rewritten rows come again), as Delta's ignoreChanges",
-    "storageoptions": "JSON object of delta-rs storage options",
+    "storageOptions": "JSON object of delta-rs storage options",
 }
 
 # Reader features whose semantics this source implements (anything else is refused by name).
@@ -103,14 +103,9 @@ class DeltaSourceOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> DeltaSourceOptions:
         opts = {k.lower(): v for k, v in options.items()}
-        unknown = sorted(
-            k for k in opts if k not in DELTA_SOURCE_OPTIONS and not k.startswith("fs.")
+        reject_unknown_options(
+            "txn-delta source", opts, DELTA_SOURCE_OPTIONS, {"fs.": "fs.<fsspec option>"}
         )
-        if unknown:
-            raise ConfigError(
-                f"txn-delta source: unknown option(s) {unknown}; allowed: "
-                f"{sorted(DELTA_SOURCE_OPTIONS)} and fs.<fsspec option>"
-            )
         if not opts.get("path"):
             raise ConfigError("txn-delta source: option path (the Delta table to read) is required")
         starting = opts.get("startingversion", "snapshot").strip().lower()

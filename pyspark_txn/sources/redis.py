@@ -47,7 +47,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pyspark.sql.datasource import DataSource
 
-from .._options import parse_storage_options
+from .._options import parse_storage_options, reject_unknown_options
 from ..errors import ConfigError, SourceError
 from ..faults import FaultPlan
 from .acknowledging import (
@@ -195,12 +195,7 @@ class RedisSourceOptions(BrokerConfig):
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> RedisSourceOptions:
         opts = {k.lower(): v for k, v in options.items()}
-        unknown = sorted(set(opts) - set(_OPTION_NAMES) - {"path"})
-        if unknown:
-            raise ConfigError(
-                f"{FORMAT}: unknown option(s) {unknown}; allowed: "
-                f"{sorted(REDIS_OPTIONS, key=str.lower)} (case-insensitive)"
-            )
+        reject_unknown_options(FORMAT, opts, REDIS_OPTIONS, implicit=("path",))
         url = (opts.get("url") or "").strip()
         if not url:
             raise ConfigError(f"{FORMAT}: option url is required ({REDIS_OPTIONS['url']})")
@@ -288,9 +283,12 @@ class RedisSourceOptions(BrokerConfig):
         # name on other streams are other groups, and must not share a claim-log stream.
         source_id = f"redis:{group}:{','.join(sorted(streams))}"
         claim_log = ClaimLogConfig.locate(
-            FORMAT, opts, source_id, parse_storage_options(
+            FORMAT,
+            opts,
+            source_id,
+            parse_storage_options(
                 opts.get("claimlogstorageoptions"), FORMAT, "claimLogStorageOptions"
-            )
+            ),
         )
         consumer = (opts.get("consumer") or "").strip()
         if "consumer" in opts and not consumer:
@@ -785,9 +783,7 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
             try:
                 return dt.date.fromisoformat(v)
             except (TypeError, ValueError):
-                raise _BadValue(
-                    f"{where}: expected an ISO date, got {_show(v)}"
-                ) from None
+                raise _BadValue(f"{where}: expected an ISO date, got {_show(v)}") from None
 
         return date
     if pa.types.is_timestamp(t):
@@ -799,9 +795,7 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
             try:
                 d = dt.datetime.fromisoformat(v[:-1] + "+00:00" if v.endswith("Z") else v)
             except (TypeError, ValueError, AttributeError):
-                raise _BadValue(
-                    f"{where}: expected an ISO timestamp, got {_show(v)}"
-                ) from None
+                raise _BadValue(f"{where}: expected an ISO timestamp, got {_show(v)}") from None
             if aware and d.tzinfo is None:
                 return d.replace(tzinfo=dt.timezone.utc)  # Spark's Arrow path is UTC
             if not aware and d.tzinfo is not None:
@@ -817,9 +811,7 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
             try:
                 return base64.b64decode(v, validate=True)
             except (TypeError, ValueError):
-                raise _BadValue(
-                    f"{where}: expected base64 text, got {_show(v)}"
-                ) from None
+                raise _BadValue(f"{where}: expected base64 text, got {_show(v)}") from None
 
         return b64
     if pa.types.is_list(t) or pa.types.is_large_list(t):

@@ -14,14 +14,15 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
+from .._options import reject_unknown_options
 from ..errors import ConfigError
 from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order, limit_rows
 
 SEQUENCE_OPTIONS = {
-    "rowsperbatch": "most rows per micro-batch (default 10000)",
-    "totalrows": "stop producing after this many rows (default: unbounded)",
-    "rowspersecond": "make rows available at this rate (default: as fast as asked)",
-    "numpartitions": "read partitions per batch (default 2)",
+    "rowsPerBatch": "most rows per micro-batch (default 10000)",
+    "totalRows": "stop producing after this many rows (default: unbounded)",
+    "rowsPerSecond": "make rows available at this rate (default: as fast as asked)",
+    "numPartitions": "read partitions per batch (default 2)",
     "width": "extra int64 payload columns c1..cN (default 0)",
     "start": "first row index (default 0)",
 }
@@ -54,11 +55,7 @@ class SequenceOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SequenceOptions:
         opts = {k.lower(): v for k, v in options.items()}
-        unknown = sorted(set(opts) - set(SEQUENCE_OPTIONS) - {"path"})
-        if unknown:
-            raise ConfigError(
-                f"txn-sequence: unknown option(s) {unknown}; allowed: {sorted(SEQUENCE_OPTIONS)}"
-            )
+        reject_unknown_options("txn-sequence", opts, SEQUENCE_OPTIONS, implicit=("path",))
         return cls(
             rows_per_batch=_int_option(opts, "rowsPerBatch", 10_000, 1),
             total_rows=_int_option(opts, "totalRows", None, 0),

@@ -347,7 +347,7 @@ def test_a_server_without_prepared_transactions_is_refused_naming_the_setting(tm
         ({"url": None}, "option url is required"),
         ({"table": None}, "option table"),
         ({"table": "a.b.c"}, "expected schema.table"),
-        ({"colour": "red"}, r"unknown option\(s\) \['colour'\]; allowed: .*batchrows"),
+        ({"colour": "red"}, r"unknown option 'colour'; allowed \(case-insensitive\): .*batchRows"),
         ({"mode": "merge"}, "mode='merge'"),
         ({"mode": "upsert"}, "keyColumns is required"),
         ({"keyColumns": "id"}, "mode=upsert only"),
