@@ -114,9 +114,20 @@ class _SparkJob:
     query_name: str | None
 
 
-def _spark_job(spark) -> _SparkJob:
+def _is_connect(spark) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _spark_job(spark, connect_run: str | None) -> _SparkJob:
     """Read in the ``foreachBatch`` callback: it runs on the stream's own thread, whose
-    local properties carry the batch's job description (measured on 4.3)."""
+    local properties carry the batch's job description (measured on 4.3).
+
+    Spark Connect runs the callback in a Python process of the query run, with no
+    access to the JVM's properties: there the run is the writer's own unpickling
+    (``connect_run``; see :meth:`DeltaBatchWriter.__setstate__`).
+    """
+    if _is_connect(spark):
+        return _SparkJob(query_id=None, run_id=connect_run, batch_id=None, query_name=None)
     sc = spark.sparkContext
     description = sc.getLocalProperty("spark.job.description") or ""
     fields: dict[str, str] = {}
@@ -145,6 +156,15 @@ class DeltaBatchWriter:
         self._given = opts
         self._opts: DeltaSinkOptions | None = None
         self._record_table_ready = False
+        self._connect_run: str | None = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Spark Connect pickles the function at start() and unpickles it once, in the
+        # Python process that runs every batch of that query run (measured on 4.3: one
+        # process and one unpickling per run, a new one at each restart). So a fresh id
+        # per unpickling identifies the run, and two runs still fence each other.
+        self.__dict__.update(state)
+        self._connect_run = f"connect-{uuid.uuid4()}"
 
     @property
     def opts(self) -> DeltaSinkOptions:
@@ -155,7 +175,7 @@ class DeltaBatchWriter:
     def __call__(self, df, batch_id: int) -> None:
         opts = self._given  # nothing is written to the checkpoint before it is checked
         fs_options = dict(opts.fs_options)
-        job = _spark_job(df.sparkSession)
+        job = _spark_job(df.sparkSession, self._connect_run)
         query_id = read_query_id(opts.checkpoint_location, fs_options)
         if job.query_id is not None and query_id is not None and job.query_id != query_id:
             raise ConfigError(
@@ -167,8 +187,10 @@ class DeltaBatchWriter:
             raise ConfigError(
                 "delta_batch_writer: Spark's run id of this batch is not visible (its job "
                 "description and job group are missing): call the writer directly in the "
-                "foreachBatch function, on Spark's thread, not in a thread of your own. "
-                "Without it two runs of one checkpoint cannot fence each other"
+                "foreachBatch function, on Spark's thread, not in a thread of your own "
+                "(on Spark Connect: pass the writer itself to foreachBatch, or call it from "
+                "a function that holds it). Without it two runs of one checkpoint cannot "
+                "fence each other"
             )
         if job.batch_id is not None and job.batch_id != batch_id:
             raise ConfigError(
@@ -243,7 +265,7 @@ class DeltaBatchWriter:
         _write_marker(fs, marker, local)
         spark_dir = _fs.join(root, base, SPARK_DIR)
         writer = (
-            df.write.mode("errorifexists")
+            df.write.mode("error")
             .option("compression", _SPARK_CODECS[opts.compression])
             .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
             .options(**_encoding_options(df.schema))

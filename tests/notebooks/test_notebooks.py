@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from spark_connect import requires_spark_connect, wait_until_free
 
 nbformat = pytest.importorskip("nbformat")
 
@@ -231,33 +232,6 @@ def test_notebook_runs(path, jupyter_path, tmp_path, monkeypatch):
     assert "registered:" in _printed(nb), f"{path.name}: the session cell printed nothing"
 
 
-def _spark_connect_available() -> bool:
-    """Whether Spark Connect's client packages are installed (pyspark[connect])."""
-    import importlib.util
-
-    needed = ("pandas", "grpc", "grpc_status", "google.protobuf", "zstandard")
-    try:
-        return all(importlib.util.find_spec(name) is not None for name in needed)
-    except ModuleNotFoundError:  # a parent package (google) is missing
-        return False
-
-
-SPARK_CONNECT_PORT = 15002  # remote("local[...]") starts its server there
-
-
-def _wait_until_free(port: int, timeout_s: float = 60) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) != 0:
-                return
-        if time.monotonic() > deadline:
-            pytest.skip(f"port {port} stays busy: another Spark Connect server runs here")
-        time.sleep(0.5)
-
-
 SPARK_CONNECT = """\
 # As on Databricks serverless or standard (shared) compute: a predefined Spark Connect session
 from pyspark.sql import SparkSession
@@ -268,16 +242,13 @@ PREDEFINED_SPARK = spark
 
 
 @pytest.mark.spark
-@pytest.mark.skipif(
-    not _spark_connect_available(),
-    reason="Spark Connect's client dependencies (pandas, grpcio, ...) are not installed",
-)
+@requires_spark_connect
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
 def test_notebook_runs_on_predefined_spark_connect_session(
     path, jupyter_path, tmp_path, monkeypatch
 ):
     """With `spark` predefined (a local Spark Connect server): the notebook must use it, not
     start a session of its own, and everything must work through Spark Connect."""
-    _wait_until_free(SPARK_CONNECT_PORT)  # the previous notebook's server may still be exiting
+    wait_until_free()
     nb = _execute(path, jupyter_path, tmp_path, monkeypatch, predefined_spark=SPARK_CONNECT)
     assert "registered:" in _printed(nb)
