@@ -470,10 +470,15 @@ def copy_table(
     name: str | None = None,
     description: str | None = None,
     progress: Progress | None = None,
+    check_owner: Callable[[], None] | None = None,
 ) -> TableCopy:
     """Copy a Delta table as of ``version`` into a new table at ``dest_uri``: the same
     files (checked against the log's sizes), partition values and schema, with
-    statistics recomputed from the footers. The new log is written after every file."""
+    statistics recomputed from the footers. The new log is written after every file.
+
+    ``check_owner`` runs before each file and before the log, and raises when the
+    destination is no longer this copy's (an export replaced meanwhile stops there
+    instead of overwriting its replacement's files)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
@@ -500,6 +505,8 @@ def copy_table(
     fs, root = _fs.filesystem(dest_uri)
     files, actions, rows = [], [], 0
     for a in adds:
+        if check_owner is not None:
+            check_owner()
         rel = unquote(a["path"])
         size, crc = _copy(src_fs, _fs.join(src_root, rel), fs, _fs.join(root, rel), advance)
         if size != a["size_bytes"]:
@@ -521,6 +528,8 @@ def copy_table(
                 stats,
             )
         )
+    if check_owner is not None:
+        check_owner()
     create_table_with_add_actions(
         dest_uri,
         source.schema(),
@@ -757,6 +766,15 @@ def _copy_and_register(
     store = handle.record_store()
     options = dict(handle.storage_options) or None
     assert handle.target_uri is not None  # _check_to
+
+    def check_owner() -> None:
+        if not _still_ours(fs, root, token):
+            raise TxnError(
+                f"export {name!r} to {uri}: its export marker was replaced by another "
+                "export (--replace-unfinished?) while it copied; it stopped, and the data "
+                "there is left to that export"
+            )
+
     copied = copy_table(
         handle.target_uri,
         version,
@@ -766,6 +784,7 @@ def _copy_and_register(
         description=f"pyspark-txn named snapshot {name!r} of sink {handle.sink_id}, "
         f"batch {record.batch_id} (table version {version})",
         progress=progress,
+        check_owner=check_owner,
     )
     state_tables: list[Any] = []
     if spark is not None and handle.checkpoint is not None:
@@ -825,12 +844,7 @@ def _copy_and_register(
     )
 
     def register(s: SinkState):
-        if not _still_ours(fs, root, token):
-            raise TxnError(
-                f"export {name!r} to {uri}: its export marker was replaced by another "
-                "export (--replace-unfinished?) while it copied; not registered, and the "
-                "data there is left to that export"
-            )
+        check_owner()
         if serving and name not in s.export_requests:
             raise ExportCancelled(f"the requested export {name!r} was cancelled while it ran")
         for other in s.named.values():

@@ -358,23 +358,33 @@ def test_cli_requests_offsets_and_prepare(sink, tmp_path, capsys):
 # --- two exports, one place -------------------------------------------------------------
 
 
-def _paused_export(chk, name, to, go):
-    """A second process that exports, then waits for the file ``go`` before registering."""
+def _paused_export(chk, name, to, go, before_file: int | None = None):
+    """A second process that exports, then waits for the file ``go``: before registering,
+    or (``before_file``) before copying that data file (0-based). It prints how many
+    files it copied."""
     script = textwrap.dedent(
         f"""
         import os, sys, time
         from pyspark_txn import snapshots
-        register = snapshots.register_named
-        def slow_register(*a, **k):
+        def pause():
             print("PAUSED", flush=True)
             while not os.path.exists({str(go)!r}):
                 time.sleep(0.05)
+        register, copy, copies = snapshots.register_named, snapshots._copy, []
+        def slow_register(*a, **k):
+            if {before_file!r} is None:
+                pause()
             return register(*a, **k)
-        snapshots.register_named = slow_register
+        def slow_copy(*a, **k):
+            if len(copies) == {before_file!r}:
+                pause()
+            copies.append(a[1])
+            return copy(*a, **k)
+        snapshots.register_named, snapshots._copy = slow_register, slow_copy
         try:
             named = snapshots.export({chk!r}, {name!r}, {str(to)!r})
         except Exception as e:
-            print("FAILED", type(e).__name__, e, flush=True)
+            print("FAILED", type(e).__name__, e, "COPIED", len(copies), flush=True)
             sys.exit(3)
         print("DONE", named.name, flush=True)
         """
@@ -419,6 +429,24 @@ def test_replace_unfinished_wins_and_the_live_export_refuses_to_register(sink, t
     assert [n.name for n in snapshots.list_snapshots(sink.chk)] == ["second"]
     assert second.location == str(to) and snapshots.verify(sink.chk, "second").ok
     assert ids_of(f"{to}/data") == list(range(40))  # the loser left the winner's data alone
+
+
+def test_an_export_replaced_while_it_copies_stops_before_its_next_file(sink, tmp_path):
+    to, go = tmp_path / "shared", tmp_path / "go"
+    # paused as it starts its second file (the marker was still its own): it finishes that
+    # file and stops before the third (four batches, four files)
+    first = _paused_export(sink.chk, "first", to, go, before_file=1)
+    try:
+        second = snapshots.export(sink.chk, "second", str(to), replace_unfinished=True)
+        go.touch()
+        out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 3, out + err[-2000:]
+    assert "marker was replaced by another export" in out and "COPIED 2" in out, out
+    assert [n.name for n in snapshots.list_snapshots(sink.chk)] == ["second"]
+    assert second.location == str(to) and snapshots.verify(sink.chk, "second").ok
+    assert ids_of(f"{to}/data") == list(range(40))
 
 
 # --- nested locations --------------------------------------------------------------------
