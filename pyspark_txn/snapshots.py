@@ -41,7 +41,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from . import _fs, admin
-from .checkpoint import latest_batch
+from .checkpoint import SINK_FILE, latest_batch
 from .errors import ConfigError, CorruptSnapshotError, TxnError
 from .state import SinkState, SnapshotRecord, allocate, fold_sink
 from .state.core import (
@@ -312,8 +312,9 @@ def _check_to(
 
 
 def _enclosing_folder(uri: str) -> tuple[str, str] | None:
-    """The nearest folder above ``uri`` that is an export (of any sink, finished or not)
-    or a Delta table, as (what, where); None if there is none."""
+    """The nearest folder above ``uri`` that is an export (of any sink, finished or not),
+    a Delta table or a query's checkpoint (Spark's, or one a sink of ours keeps its id
+    in), as (what, where); None if there is none."""
     fs, root = _fs.filesystem(_fs.resolved(uri))
     path = root.rstrip("/")
     while True:
@@ -325,6 +326,10 @@ def _enclosing_folder(uri: str) -> tuple[str, str] | None:
             return "an export folder", path
         if fs.exists(f"{path}/_delta_log"):
             return "a Delta table", path
+        if fs.exists("/".join((path, *SINK_FILE))) or (
+            fs.exists(f"{path}/metadata") and fs.exists(f"{path}/offsets")
+        ):
+            return "a query's checkpoint", path
 
 
 #: What an export writes under its location; removing an export removes these alone.

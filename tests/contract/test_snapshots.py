@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import replace
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
@@ -491,10 +492,16 @@ def test_exports_never_go_inside_an_unfinished_export_or_any_delta_table(sink, t
     (running / snapshots.EXPORT_MARKER).write_text(json.dumps(marker))
     other_table = tmp_path / "other_table"
     DeltaTable.create(str(other_table), schema=DeltaTable(sink.target).schema())
+    other_sink = SinkDriver(tmp_path, name="other")  # another sink's checkpoint
+    spark_chk = tmp_path / "spark_chk"  # a checkpoint of a query with another sink
+    (spark_chk / "offsets").mkdir(parents=True)
+    (spark_chk / "metadata").write_text('{"id":"5f1c3b1e-0000-4000-8000-000000000000"}')
     for to, message in [
         (running / "inner", "is inside an export folder"),
         (running / "a" / "b", "is inside an export folder"),
         (other_table / "x", "is inside a Delta table"),
+        (Path(other_sink.chk) / "exports" / "x", "is inside a query's checkpoint"),
+        (spark_chk / "x", "is inside a query's checkpoint"),
     ]:
         with pytest.raises(ConfigError, match=message):
             snapshots.export(sink.chk, "n", str(to))
