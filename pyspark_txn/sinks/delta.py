@@ -15,7 +15,7 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import _fs
 from .._options import parse_storage_options, reject_unknown_options
@@ -48,28 +48,6 @@ from .twophase import TwoPhaseCommitter
 
 log = logging.getLogger(__name__)
 
-SINK_OPTIONS = {
-    "path": "target Delta table URI (required)",
-    "checkpointLocation": "set by Spark from writeStream.option('checkpointLocation')",
-    "queryName": "set by Spark from queryName()",
-    "recordTable": "record table URI (default <checkpointLocation>/pyspark_txn/records)",
-    "sinkId": "the sink's id (default derived from the checkpoint location)",
-    "sinkIdPrefix": "prefix of the derived sink id (default 'txn')",
-    "partitionBy": "comma-separated partition columns",
-    "storageOptions": "JSON object of delta-rs storage options",
-    "mergeSchema": "true|false: add new nullable stream columns to the table",
-    "rowGroupRows": "rows per parquet row group (default 1000000)",
-    "compression": "parquet codec of staged files: snappy (default), zstd, lz4, gzip or none",
-    "targetFileRows": "rows per staged file before rolling over (default 8000000)",
-    "userMetadata": "text kept in every commit's commitInfo.userMetadata (as delta-spark)",
-    "tableName": "name of the table when the sink creates it",
-    "tableDescription": "description of the table when the sink creates it",
-    "logLevel": "what Spark's Python workers log to stderr (the driver's log in local mode): "
-    "INFO (default: one line per batch), WARNING (or WARN), ERROR, DEBUG or OFF",
-    "mode": "snapshots (default: snapshot records, fencing) or light (see docs/modes.md)",
-    "retainSnapshots": "snapshot records the record table keeps (default 100; older are summarized)",
-    "faultInjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
-}
 MODES = ("snapshots", "light")
 #: Options that only mean something when snapshot records are kept.
 _SNAPSHOT_ONLY_OPTIONS = {"recordtable": "recordTable", "retainsnapshots": "retainSnapshots"}
@@ -182,6 +160,7 @@ class DeltaSinkOptions:
     mode: str = "snapshots"
     retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS
     log_level: str = "INFO"
+    sink_id_prefix: ClassVar[str] = "txn"
 
     @property
     def light(self) -> bool:
@@ -208,7 +187,7 @@ class DeltaSinkOptions:
                 "'checkpointLocation', '/chk/my_query'); Python sinks do not see a location "
                 "that Spark derives from spark.sql.streaming.checkpointLocation"
             )
-        mode = opts.get("mode", "snapshots").strip().lower()
+        mode = opts.get("mode", cls.mode).strip().lower()
         if mode not in MODES:
             raise ConfigError(f"option mode={opts['mode']!r}: expected one of {', '.join(MODES)}")
         if mode == "light":
@@ -218,14 +197,14 @@ class DeltaSinkOptions:
                     f"option {', '.join(given)} applies to mode=snapshots only: a light sink "
                     "keeps no snapshot records (docs/modes.md)"
                 )
-        log_level = parse_log_level(opts.get("loglevel", "INFO"))
+        log_level = parse_log_level(opts.get("loglevel", cls.log_level))
         for key, name in (("path", "path"), ("checkpointlocation", "checkpointLocation")):
             _check_location(name, opts[key])
         if opts.get("recordtable"):
             _check_location("recordTable", opts["recordtable"])
         path = _fs.normalize_uri(opts["path"])
         checkpoint = _fs.normalize_uri(opts["checkpointlocation"])
-        prefix = check_sink_id(opts.get("sinkidprefix", "txn"), "sinkIdPrefix")
+        prefix = check_sink_id(opts.get("sinkidprefix", cls.sink_id_prefix), "sinkIdPrefix")
         explicit = check_sink_id(opts["sinkid"], "sinkId") if "sinkid" in opts else None
         digest = hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
         sink_id = explicit or f"{prefix}-{digest}"
@@ -254,11 +233,13 @@ class DeltaSinkOptions:
                 opts.get("storageoptions"), "txn-delta sink", "storageOptions"
             ),
             fs_options=tuple(sorted((k[3:], v) for k, v in opts.items() if k.startswith("fs."))),
-            merge_schema=parse_bool("mergeSchema", opts.get("mergeschema", "false")),
-            row_group_rows=parse_positive_int("rowGroupRows", opts.get("rowgrouprows", "1000000")),
-            compression=_parse_compression(opts.get("compression", "snappy")),
+            merge_schema=parse_bool("mergeSchema", opts.get("mergeschema", str(cls.merge_schema))),
+            row_group_rows=parse_positive_int(
+                "rowGroupRows", opts.get("rowgrouprows", str(cls.row_group_rows))
+            ),
+            compression=_parse_compression(opts.get("compression", cls.compression)),
             target_file_rows=parse_positive_int(
-                "targetFileRows", opts.get("targetfilerows", "8000000")
+                "targetFileRows", opts.get("targetfilerows", str(cls.target_file_rows))
             ),
             faults=FaultPlan.parse(opts.get("faultinjection")),
             table_properties=_parse_table_properties(opts),
@@ -268,7 +249,7 @@ class DeltaSinkOptions:
             mode=mode,
             log_level=log_level,
             retain_snapshots=parse_positive_int(
-                "retainSnapshots", opts.get("retainsnapshots", str(DEFAULT_RETAIN_SNAPSHOTS))
+                "retainSnapshots", opts.get("retainsnapshots", str(cls.retain_snapshots))
             ),
         )
 
@@ -369,6 +350,33 @@ class DeltaSinkOptions:
             compression=self.compression,
             target_file_rows=self.target_file_rows,
         )
+
+
+_D = DeltaSinkOptions  # the defaults, defined once: the dataclass's
+SINK_OPTIONS = {
+    "path": "target Delta table URI (required)",
+    "checkpointLocation": "set by Spark from writeStream.option('checkpointLocation')",
+    "queryName": "set by Spark from queryName()",
+    "recordTable": "record table URI (default <checkpointLocation>/pyspark_txn/records)",
+    "sinkId": "the sink's id (default derived from the checkpoint location)",
+    "sinkIdPrefix": f"prefix of the derived sink id (default {_D.sink_id_prefix!r})",
+    "partitionBy": "comma-separated partition columns",
+    "storageOptions": "JSON object of delta-rs storage options",
+    "mergeSchema": "true|false: add new nullable stream columns to the table",
+    "rowGroupRows": f"rows per parquet row group (default {_D.row_group_rows})",
+    "compression": f"parquet codec of staged files: {', '.join(PARQUET_CODECS)} "
+    f"(default {_D.compression})",
+    "targetFileRows": f"rows per staged file before rolling over (default {_D.target_file_rows})",
+    "userMetadata": "text kept in every commit's commitInfo.userMetadata (as delta-spark)",
+    "tableName": "name of the table when the sink creates it",
+    "tableDescription": "description of the table when the sink creates it",
+    "logLevel": "what Spark's Python workers log to stderr (the driver's log in local mode): "
+    "INFO (default: one line per batch), WARNING (or WARN), ERROR, DEBUG or OFF",
+    "mode": "snapshots (default: snapshot records, fencing) or light (see docs/modes.md)",
+    "retainSnapshots": f"snapshot records the record table keeps (default {_D.retain_snapshots}; "
+    "older are summarized)",
+    "faultInjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
+}
 
 
 def _delta_target(committer: TwoPhaseCommitter) -> DeltaTarget:
