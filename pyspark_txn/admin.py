@@ -567,8 +567,8 @@ class SnapshotStatus:
     ``state`` is ``pending`` (safe record, phase 2 not confirmed), ``committed``,
     ``allocated`` (reserved, never recorded), ``abandoned`` or ``unknown``.
     ``refusal`` says why :func:`abandon_snapshot` would refuse it (None: it
-    would not). ``txn_states``: for a pending record on a target whose phase 2
-    has several steps (PostgreSQL), each txn's state (prepared, committed, missing).
+    would not). ``txn_states`` (PostgreSQL): each prepared transaction of a pending
+    record (prepared, committed or missing), or of an allocation (prepared).
     """
 
     sink_id: str
@@ -661,6 +661,11 @@ def _status(
             "restart the query and recovery records it as committed"
         )
     states: Mapping[str, str] = {}
+    token = state.allocations.get(snapshot_id)
+    if handle.kind == POSTGRES and target is not None and rec is None and token is not None:
+        # an allocation (open or abandoned): what its tasks prepared, which abandoning
+        # rolls back (a task may prepare after Spark's abort abandoned the attempt)
+        states = dict.fromkeys(target.attempt_txns(snapshot_id, token), "prepared")
     if kind == "pending" and rec is not None and target is not None and error is None:
         # where phase 2 is several steps, how far it got decides (Target.abandon_refusal)
         try:

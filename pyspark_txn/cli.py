@@ -48,8 +48,7 @@ def _print_records(record_table: str, sink: str | None = None) -> None:
             detail = ""
             if e.kind.value == "snapshot":
                 detail = (
-                    f"{len(e.payload['txns'])} staged {terms.txns}, "
-                    f"offsets {e.payload['source_offsets']}"
+                    f"{len(e.payload['txns'])} {terms.txns}, offsets {e.payload['source_offsets']}"
                 )
                 confirms = sorted(int(k) for k in e.payload.get("confirms") or {})
                 if confirms:
@@ -92,20 +91,25 @@ def _describe(status: admin.SnapshotStatus) -> list[str]:
             f"  batch {d['batch_id']}, {d['rows']} rows in {d['files']} {terms.txns} "
             f"({d['bytes']} bytes), recorded {d['created_at']} by run {d['run_id']}"
         )
-        if status.txn_states:
-            counts = {k: list(status.txn_states.values()).count(k) for k in _TXN_STATES}
-            lines.append(
-                f"  its {terms.txns}: "
-                + ", ".join(f"{n} {k}" for k, n in counts.items())
-                + "".join(f"\n    {gid}: {st}" for gid, st in sorted(status.txn_states.items()))
-            )
+        lines += _txn_lines(status, terms)
         if d["target_error"]:
             lines.append(f"  target: cannot be read: {d['target_error']}")
         elif d["target_batch"] is None:
             lines.append("  target holds no batch of this sink (or does not exist)")
         else:
             lines.append(f"  target holds this sink's batches up to {d['target_batch']}")
+    else:
+        lines += _txn_lines(status, terms)
     return lines
+
+
+def _txn_lines(status: admin.SnapshotStatus, terms) -> list[str]:
+    if not status.txn_states:
+        return []
+    states = list(status.txn_states.values())
+    counts = ", ".join(f"{states.count(k)} {k}" for k in _TXN_STATES)
+    lines = [f"  its {terms.txns}: {counts}"]
+    return lines + [f"    {gid}: {st}" for gid, st in sorted(status.txn_states.items())]
 
 
 _TXN_STATES = ("prepared", "committed", "missing")
@@ -146,8 +150,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(
             f"  target {target}: holds this sink's batches up to {d['target_batch']} "
             f"(pyspark_txn_batches); {d['staged_txns']} prepared transaction(s) of "
-            f"{d['staged_attempts']} attempt(s) pending (none outlives its batch but "
-            "across a crash: the next batch or start commits or rolls them back)"
+            f"{d['staged_attempts']} attempt(s) pending"
         )
     elif d["target_version"] is None:
         print(f"  target {target}: no table")
@@ -221,6 +224,13 @@ def cmd_abandon(args: argparse.Namespace) -> int:
     status = admin.snapshot_status(handle, args.snapshot)
     print("\n".join(_describe(status)))
     if status.state == "abandoned":
+        if status.txn_states:  # prepared after the attempt was abandoned: dead, as a sweep knows
+            admin.abandon_snapshot(handle, args.snapshot, args.reason)
+            print(
+                f"it is already abandoned; rolled back the {len(status.txn_states)} prepared "
+                "transaction(s) its tasks left, as recovery would"
+            )
+            return 0
         print("nothing to do: it is already abandoned")
         return 0
     if status.refusal is not None:

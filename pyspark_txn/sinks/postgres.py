@@ -58,10 +58,10 @@ from .postgres_target import (
     WriteConfig,
     check_server,
     create_table,
-    db_error,
     ensure_marker_tables,
     fast_kinds,
     parse_table_name,
+    raise_db_error,
     redact,
     resolve_columns,
     stage_partition,
@@ -260,10 +260,7 @@ class PostgresSinkOptions:
                 )
                 ensure_marker_tables(conn, self.schema)
         except psycopg.Error as e:
-            err = db_error(e, f"preparing table {self.qualified_table}", self.url)
-            if err is None:
-                raise
-            raise err from e
+            raise_db_error(e, f"preparing table {self.qualified_table}", self.url)
         return WriteConfig(
             connector=self.connector,
             schema=self.schema,

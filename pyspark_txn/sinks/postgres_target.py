@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time
 from decimal import Decimal
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import (
     CheckpointMismatchError,
@@ -209,6 +209,14 @@ def db_error(e: BaseException, doing: str, url: str) -> TxnError | None:
     return None
 
 
+def raise_db_error(e: BaseException, doing: str, url: str) -> NoReturn:
+    """Raise ``db_error``'s error from ``e``, or ``e`` itself when it has none."""
+    err = db_error(e, doing, url)
+    if err is None:
+        raise e
+    raise err from e
+
+
 @dataclass(frozen=True)
 class Connector:
     """How to reach the server: plain data that travels to executors."""
@@ -236,10 +244,7 @@ class Connector:
         try:
             return psycopg.connect(self.url, **kw)
         except psycopg.Error as e:
-            err = db_error(e, doing, self.url)
-            if err is None:
-                raise
-            raise err from e
+            raise_db_error(e, doing, self.url)
 
 
 # --- types -------------------------------------------------------------------------
@@ -544,14 +549,11 @@ def stage_partition(
             conn.rollback()
         except Exception:  # the connection is gone: so is the transaction
             pass
-        err = db_error(
+        raise_db_error(
             e,
             f"partition {partition} of snapshot {snapshot_id} into {cfg.schema}.{cfg.table}",
             cfg.connector.url,
         )
-        if err is None:
-            raise
-        raise err from e
     finally:
         conn.close()
     return [TxnHandle(partition, gid, rows, nbytes, f"rows:{rows}", {})]
@@ -796,10 +798,7 @@ class PostgresTarget(Target):
         except psycopg.Error as e:
             if isinstance(e, psycopg.OperationalError):
                 self.close()
-            err = db_error(e, f"sink {self.sink_id!r}: {doing}", self.connector.url)
-            if err is None:
-                raise
-            raise err from e
+            raise_db_error(e, f"sink {self.sink_id!r}: {doing}", self.connector.url)
 
     def _q(
         self,
@@ -834,6 +833,10 @@ class PostgresTarget(Target):
             doing="listing its prepared transactions",
         )
         return [r[0] for r in rows]
+
+    def attempt_txns(self, snapshot_id: int, token: str) -> list[str]:
+        """The prepared transactions of one attempt now (gids)."""
+        return sorted(self._prepared(attempt_prefix(self.sink_id, snapshot_id, token)))
 
     def prepared_txns(self) -> list[str]:
         """Every prepared transaction of this sink now (gids), whatever its attempt."""
@@ -1013,7 +1016,9 @@ class PostgresTarget(Target):
             raise self._not_ours(record, f"batch {top} > {record.batch_id} is committed")
         done = self._committed_rows([t.handle for t in record.txns])
         for i, t in enumerate(record.txns):
-            if i == 1 and self.faults.hit("mid_phase2", record.batch_id):
+            # mid_phase2: right after a COMMIT PREPARED of this attempt's own
+            first_was_ours = i == 1 and record.txns[0].handle not in done
+            if first_was_ours and self.faults.hit("mid_phase2", record.batch_id):
                 self._lose_connection()
             if t.handle not in done:
                 self._commit_gid(record, t.handle)
@@ -1039,12 +1044,11 @@ class PostgresTarget(Target):
         return record.batch_id
 
     def _lose_connection(self) -> None:
-        """Tests only (fault action ``disconnect``): the server ends this session, as a
-        network failure or a server restart would; the next statement finds it gone."""
-        try:
-            self.conn().execute("SELECT pg_terminate_backend(pg_backend_pid())")
-        except Exception:  # the server ended the session: that was the point
-            pass
+        """Tests only (fault action ``disconnect``): another session ends this one's, as a
+        network failure or a server restart would; its next statement finds it gone."""
+        pid = self.conn().info.backend_pid
+        with self.connector.connect() as other:
+            other.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
 
     def _commit_step(self, record: SnapshotRecord, query, params: Sequence[Any], what: str):
         """One durable step of phase 2. A lost connection leaves its outcome unknown:
@@ -1069,12 +1073,9 @@ class PostgresTarget(Target):
                     "safe: the next attempt, batch or start of the query reads the markers "
                     "and finishes phase 2 exactly once"
                 ) from e
-            err = db_error(
+            raise_db_error(
                 e, f"sink {self.sink_id!r}, batch {record.batch_id}: {what}", self.connector.url
             )
-            if err is None:
-                raise
-            raise err from e
 
     def _commit_gid(self, record: SnapshotRecord, gid: str) -> None:
         import psycopg
@@ -1119,17 +1120,13 @@ class PostgresTarget(Target):
             if gid in kept:
                 continue
             try:
-                self.conn().execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+                self._run(
+                    sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)),
+                    doing=f"rolling back {gid}",
+                )
                 log.info("sink %s: rolled back prepared transaction %s", self.sink_id, gid)
             except psycopg.errors.UndefinedObject:
                 pass  # rolled back (or committed) meanwhile
-            except psycopg.Error as e:  # idempotent: the next sweep rolls it back
-                if isinstance(e, psycopg.OperationalError):
-                    self.close()
-                err = db_error(e, f"sink {self.sink_id!r}: rolling back {gid}", self.connector.url)
-                if err is None:
-                    raise
-                raise err from e
 
     # --- bookkeeping ---
 
