@@ -516,6 +516,8 @@ def test_gids_name_sink_attempt_and_task_and_parse_back():
 def test_redact_hides_the_password_in_uris_and_keyword_strings():
     assert "pw" not in postgres_target.redact("postgresql://u:pw@h:5432/db")
     assert "pw" not in postgres_target.redact("host=h user=u password=pw dbname=db")
+    kept = postgres_target.without_password("postgresql://u:sekrit@h:5432/db?sslpassword=sekrit")
+    assert "sekrit" not in kept and "password" not in kept and "host=h" in kept
 
 
 # --- database errors users meet, as the package's errors -------------------------------
