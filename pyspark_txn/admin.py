@@ -1,8 +1,11 @@
-"""Operating a ``txn-delta`` sink from outside Spark: find it, inspect, repair, verify.
+"""Operating a sink from outside Spark: find it, inspect, repair, verify.
 
 The ``pyspark-txn`` command line is a thin client of this module. Everything
-here reads the record table and the target with delta-rs and fsspec; nothing
-needs a SparkSession. Library code logs, it never prints.
+here reads the record table with delta-rs and the target with delta-rs and
+fsspec (``txn-delta``) or SQL (``txn-postgres``: its prepared transactions and
+bookkeeping tables); nothing needs a SparkSession. Which target a sink writes
+to comes from its records (``target.kind``), or its checkpoint's ``sink.json``
+before the first one. Library code logs, it never prints.
 
 - :func:`open_sink` finds a sink from a checkpoint location or a record table.
 - :func:`stuck_snapshots` lists safe records whose phase 2 never completed.
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote
@@ -25,6 +29,7 @@ from urllib.parse import unquote
 from . import _fs
 from .checkpoint import RECORDS_DIR, read_sink_file
 from .errors import ConfigError, TxnError
+from .sinks.twophase import TargetTerms
 from .state import (
     DeltaEventLog,
     EventKind,
@@ -133,22 +138,99 @@ def kept_sink_id(checkpoint: str) -> str | None:
     return None if kept is None else kept["sink_id"]
 
 
+#: Target kinds (``TargetTerms.kind``) the tools know.
+DELTA, POSTGRES = "delta", "postgres"
+
+
+def target_kind(meta: Mapping[str, Any]) -> str | None:
+    """Which target a record's (or ``sink.json``'s) target description names; None if
+    it names none."""
+    kind = meta.get("kind")
+    if kind:
+        return str(kind)
+    if meta.get("uri"):
+        return DELTA
+    if meta.get("table"):  # txn-postgres records from before the kind was kept
+        return POSTGRES
+    return None
+
+
+def target_terms(kind: str | None) -> TargetTerms:
+    """How messages name the things of a target kind (Delta's when it is unknown)."""
+    if kind == POSTGRES:
+        from .sinks.postgres_target import PostgresTarget
+
+        return PostgresTarget.terms
+    from .sinks.delta_target import DeltaTarget
+
+    return DeltaTarget.terms
+
+
 @dataclass(frozen=True)
 class SinkHandle:
-    """Where one sink's history and data live. Build it with :func:`open_sink`."""
+    """Where one sink's history and data live. Build it with :func:`open_sink`.
+
+    ``kind`` is the target the sink's records name (``delta`` or ``postgres``; None
+    before any does). A Delta target is ``target_uri``; a PostgreSQL one is
+    ``target_meta`` (schema, table) in the database ``url`` (never with a password:
+    libpq takes it from ``PGPASSWORD`` / ``~/.pgpass``, or ``password_file``).
+    """
 
     record_table: str
     sink_id: str
-    target_uri: str | None  # None: no snapshot record names the target yet
+    target_uri: str | None  # Delta; None: not a Delta target, or unknown yet
     storage_options: Mapping[str, str] = field(default_factory=dict, hash=False)
     partition_by: tuple[str, ...] = ()
     checkpoint: str | None = None
+    kind: str | None = None
+    target_meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    url: str | None = field(default=None, repr=False)
+    password_file: str | None = None
+
+    @property
+    def has_target(self) -> bool:
+        """Whether the handle knows where the sink writes."""
+        return self.kind == POSTGRES or self.target_uri is not None
+
+    @property
+    def terms(self) -> TargetTerms:
+        return target_terms(self.kind)
+
+    @property
+    def target_label(self) -> str | None:
+        """The target as messages name it (never with a password); None if unknown."""
+        if self.kind != POSTGRES:
+            return self.target_uri
+        from .sinks.postgres_target import redact
+
+        schema, table = self._pg_table()
+        where = redact(self.url) if self.url else "a database its records do not name"
+        return f"PostgreSQL table {schema}.{table} at {where}"
+
+    def _pg_table(self) -> tuple[str, str]:
+        meta = self.target_meta
+        if meta.get("schema") and meta.get("name"):
+            return str(meta["schema"]), str(meta["name"])
+        schema, _, table = str(meta.get("table", "")).partition(".")  # older records
+        return schema, table
+
+    def require_delta(self, command: str) -> None:
+        """Refuse ``command`` (which reads a Delta table's files) for another target."""
+        if self.kind not in (None, DELTA):
+            raise ConfigError(
+                f"pyspark-txn {command}: sink {self.sink_id!r} writes to {self.target_label}; "
+                f"{command} works on txn-delta sinks only (it copies or reads a Delta "
+                "table's files), so it is not available for this sink"
+            )
 
     def record_store(self) -> RecordStore:
         return RecordStore(DeltaEventLog(self.record_table, dict(self.storage_options)))
 
     def target(self):
-        """The sink's :class:`~pyspark_txn.sinks.delta_target.DeltaTarget`."""
+        """The sink's phase-2 :class:`~pyspark_txn.sinks.twophase.Target` (close it after
+        use: a PostgreSQL one holds a connection)."""
+        if self.kind == POSTGRES:
+            return self._postgres_target()
         from .sinks.delta_target import DeltaTarget
 
         if self.target_uri is None:
@@ -162,6 +244,18 @@ class SinkHandle:
             partition_by=self.partition_by,
             storage_options=dict(self.storage_options),
         )
+
+    def _postgres_target(self):
+        from .sinks.postgres_target import Connector, PostgresTarget
+
+        schema, table = self._pg_table()
+        if not self.url:
+            raise ConfigError(
+                f"sink {self.sink_id!r} writes to {self.target_label} (its records, written "
+                "by an older pyspark-txn, do not name the database): pass --url "
+                "postgresql://user@host:5432/db (open_sink(url=...))"
+            )
+        return PostgresTarget(Connector(self.url, self.password_file), schema, table, self.sink_id)
 
     def committer(self):
         """A :class:`~pyspark_txn.sinks.twophase.TwoPhaseCommitter` for this sink."""
@@ -180,13 +274,18 @@ def open_sink(
     storage_options: Mapping[str, str] | None = None,
     *,
     target_uri: str | None = None,
+    url: str | None = None,
+    password_file: str | None = None,
 ) -> SinkHandle:
     """Find one sink from a checkpoint location or a record table URI.
 
     The sink id is, in order: ``sink_id``; the one kept in the checkpoint's
     ``pyspark_txn/sink.json``; the record table's only sink stream. Several
     sinks and no id is a :class:`ConfigError` naming them. The target is the one
-    the sink's last snapshot record names (``target_uri`` overrides it).
+    the sink's last snapshot record names (before any: the checkpoint's
+    ``sink.json``, for targets other than Delta). ``target_uri`` overrides a Delta
+    table; ``url`` the database of a PostgreSQL one, whose password comes from
+    ``password_file``, the URL, or libpq (``PGPASSWORD``, ``~/.pgpass``).
     """
     storage = dict(storage_options or {})
     record_table, checkpoint = find_record_table(location, storage)
@@ -207,15 +306,23 @@ def open_sink(
             f"the record table {record_table} has no sink {chosen!r}; its sinks: "
             f"{', '.join(sinks) or 'none'}"
         )
-    meta: Mapping[str, Any] = {}
-    for event in reversed(store.events(chosen)):  # abandoned records still name the target
-        if event.kind is EventKind.SNAPSHOT:
-            meta = event.payload.get("target") or {}
-            break
-    else:  # the history starts at a summary: its records name the target
-        last = store.load_sink(chosen).last_record
-        meta = last.target if last is not None else {}
-    uri = target_uri or meta.get("uri")
+    meta = recorded_target(store, chosen)
+    if target_kind(meta) is None and checkpoint is not None:
+        kept = read_sink_file(checkpoint) or {}
+        if kept.get("sink_id") == chosen:
+            meta = kept.get("target") or meta
+    kind = target_kind(meta) or (DELTA if target_uri else None)
+    if kind == POSTGRES and target_uri:
+        raise ConfigError(
+            f"sink {chosen!r} writes to PostgreSQL, not to a Delta table: target_uri does "
+            "not apply (give the database with url / --url)"
+        )
+    if kind != POSTGRES and (url or password_file):
+        raise ConfigError(
+            f"--url and --password-file apply to txn-postgres sinks; sink {chosen!r} "
+            + ("writes to a Delta table" if kind == DELTA else "has no record naming its target")
+        )
+    uri = (target_uri or meta.get("uri")) if kind != POSTGRES else None
     return SinkHandle(
         record_table=record_table,
         sink_id=chosen,
@@ -223,7 +330,49 @@ def open_sink(
         storage_options=storage,
         partition_by=tuple(meta.get("partition_by") or ()),
         checkpoint=checkpoint,
+        kind=kind,
+        target_meta=dict(meta) if kind == POSTGRES else {},
+        url=(url or meta.get("url")) if kind == POSTGRES else None,
+        password_file=password_file,
     )
+
+
+def recorded_target(
+    store: RecordStore, sink_id: str, state: SinkState | None = None
+) -> Mapping[str, Any]:
+    """What the sink's last snapshot record says about its target (``{}``: none does)."""
+    for event in reversed(store.events(sink_id)):  # abandoned records still name the target
+        if event.kind is EventKind.SNAPSHOT:
+            return event.payload.get("target") or {}
+    # the history starts at a summary: its records name the target
+    last = (state or store.load_sink(sink_id)).last_record
+    return last.target if last is not None else {}
+
+
+def describe_target(meta: Mapping[str, Any]) -> str:
+    """A record's target description as a line (never a password)."""
+    kind = target_kind(meta)
+    if kind == POSTGRES:
+        from .sinks.postgres_target import redact
+
+        url = meta.get("url")
+        return f"PostgreSQL table {meta.get('table')}" + (f" at {redact(url)}" if url else "")
+    if kind == DELTA:
+        return f"Delta table {meta.get('uri')}"
+    return f"{kind}" if kind else "not named by any record yet"
+
+
+@contextmanager
+def opened_target(handle: SinkHandle) -> Iterator[Any]:
+    """The handle's target, closed afterwards; None when the target is not known yet."""
+    if not handle.has_target:
+        yield None
+        return
+    target = handle.target()
+    try:
+        yield target
+    finally:
+        target.close()
 
 
 # --- status -------------------------------------------------------------------
@@ -242,7 +391,7 @@ class SinkStatus:
     query_id: str | None
     last_record: SnapshotRecord | None
     target_batch: int | None  # highest batch of this sink the target holds
-    target_version: int | None
+    target_version: int | None  # Delta's table version (None for other targets)
     target_error: str | None
     spark_planned_batch: int | None  # Spark's offset log
     spark_committed_batch: int | None  # Spark's commit log
@@ -254,6 +403,9 @@ class SinkStatus:
     stuck: tuple[SnapshotStatus, ...] = ()
     problems: tuple[str, ...] = ()  # what keeps the query from (re)starting
     export_requests: tuple[Any, ...] = ()  # exports requested for the next commit (pending)
+    target_kind: str | None = None
+    target_label: str | None = None  # the target as messages name it (no password)
+    staged_txns: int | None = None  # staged txns right now, where the target can count them
 
     @property
     def lag_seconds(self) -> float | None:
@@ -275,6 +427,8 @@ class SinkStatus:
             "sink_id": self.sink_id,
             "healthy": self.healthy,
             "record_table": self.record_table,
+            "target_kind": self.target_kind,
+            "target": self.target_label,
             "target_uri": self.target_uri,
             "checkpoint": self.checkpoint,
             "epoch": self.epoch,
@@ -295,6 +449,7 @@ class SinkStatus:
             "record_table_files": self.record_files,
             "record_table_bytes": self.record_bytes,
             "staged_attempts": self.staged_attempts,
+            "staged_txns": self.staged_txns,
             "stuck": [s.to_json() for s in self.stuck],
             "problems": list(self.problems),
             "export_requests": [r.to_json() for r in self.export_requests],
@@ -309,40 +464,68 @@ def _folder_size(uri: str) -> tuple[int, int]:
     return len(sizes), sum(sizes)
 
 
+@dataclass(frozen=True)
+class _TargetView:
+    """What a status shows of the target."""
+
+    batch: int | None = None  # highest batch of this sink it holds
+    version: int | None = None  # Delta's table version
+    exists: bool | None = None  # None: not known
+    staged_attempts: int = 0
+    staged_txns: int | None = None
+
+
+def _view(handle: SinkHandle, target) -> _TargetView:
+    if handle.kind == POSTGRES:
+        from .sinks.postgres_target import parse_gid
+
+        gids = target.prepared_txns()
+        return _TargetView(
+            batch=target.committed_batch(handle.sink_id),
+            exists=target.table_exists(),
+            staged_attempts=len({parse_gid(g, handle.sink_id) for g in gids}),
+            staged_txns=len(gids),
+        )
+    from ._delta import open_table
+
+    assert handle.target_uri is not None
+    dt = open_table(handle.target_uri, dict(handle.storage_options))
+    return _TargetView(
+        batch=dt.transaction_version(handle.sink_id) if dt is not None else None,
+        version=dt.version() if dt is not None else None,
+        exists=dt is not None,
+        staged_attempts=len(target.staged_attempts()),
+    )
+
+
 def sink_status(handle: SinkHandle) -> SinkStatus:
     """Read-only summary of one sink from its record table, target and checkpoint."""
-    from ._delta import open_table
     from .checkpoint import latest_batch
 
     store = handle.record_store()
     events = store.events(handle.sink_id)
     state = handle.load()
-    target_batch = target_version = staged = None
-    error = None
-    if handle.target_uri is not None:
-        target = handle.target()
+    view, error = _TargetView(), None
+    stuck: tuple[SnapshotStatus, ...] = ()
+    if handle.has_target:
         try:
-            dt = open_table(handle.target_uri, dict(handle.storage_options))
-            if dt is not None:
-                target_batch = dt.transaction_version(handle.sink_id)
-                target_version = dt.version()
-            staged = len(target.staged_attempts())
+            with opened_target(handle) as target:
+                view = _view(handle, target)
+                stuck = tuple(_stuck(handle, state, target, (view.batch, None)))
         except Exception as e:  # a status must still show what the record table knows
             error = f"{type(e).__name__}: {e}"
     files, size = _folder_size(handle.record_table)
-    stuck = () if error else tuple(_stuck(handle, state, (target_batch, None)))
     problems = []
     last = state.last_record
-    if target_batch is not None and (last is None or target_batch > last.batch_id):
+    if view.batch is not None and (last is None or view.batch > last.batch_id):
         problems.append(
-            f"the target holds batch {target_batch} of this sink but the record table "
+            f"the target holds batch {view.batch} of this sink but the record table "
             + (f"ends at batch {last.batch_id}" if last else "has no record")
             + ": the query will refuse to start (another writer with this sink id, a lost "
             "record table, or a switch from mode=light)"
         )
-    if last is not None and handle.target_uri is not None and error is None:
-        if target_version is None:
-            problems.append(f"the target table {handle.target_uri} is gone")
+    if last is not None and handle.has_target and error is None and view.exists is False:
+        problems.append(f"the target {handle.target_label} is gone")
     checkpoint = handle.checkpoint
     return SinkStatus(
         sink_id=handle.sink_id,
@@ -353,8 +536,8 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
         run_id=state.epoch_owner,
         query_id=state.query_id,
         last_record=state.last_record,
-        target_batch=target_batch,
-        target_version=target_version,
+        target_batch=view.batch,
+        target_version=view.version,
         target_error=error,
         spark_planned_batch=latest_batch(checkpoint) if checkpoint else None,
         spark_committed_batch=latest_batch(checkpoint, "commits") if checkpoint else None,
@@ -362,12 +545,15 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
         summarized_at=state.summary_seq,
         record_files=files,
         record_bytes=size,
-        staged_attempts=staged or 0,
+        staged_attempts=view.staged_attempts,
         stuck=stuck,
         problems=tuple(problems),
         export_requests=tuple(
             sorted(state.export_requests.values(), key=lambda r: r.requested_seq)
         ),
+        target_kind=handle.kind,
+        target_label=handle.target_label,
+        staged_txns=view.staged_txns,
     )
 
 
@@ -381,7 +567,8 @@ class SnapshotStatus:
     ``state`` is ``pending`` (safe record, phase 2 not confirmed), ``committed``,
     ``allocated`` (reserved, never recorded), ``abandoned`` or ``unknown``.
     ``refusal`` says why :func:`abandon_snapshot` would refuse it (None: it
-    would not).
+    would not). ``txn_states`` (PostgreSQL): each prepared transaction of a pending
+    record (prepared, committed or missing), or of an allocation (prepared).
     """
 
     sink_id: str
@@ -391,6 +578,8 @@ class SnapshotStatus:
     target_batch: int | None = None  # highest batch of this sink the target holds
     target_error: str | None = None  # the target could not be read
     refusal: str | None = None
+    terms: TargetTerms | None = None
+    txn_states: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def target_holds_batch(self) -> bool:
@@ -402,7 +591,7 @@ class SnapshotStatus:
 
     def to_json(self) -> dict[str, Any]:
         rec = self.record
-        return {
+        out = {
             "sink_id": self.sink_id,
             "snapshot_id": self.snapshot_id,
             "state": self.state,
@@ -418,15 +607,18 @@ class SnapshotStatus:
             "abandonable": self.refusal is None,
             "refusal": self.refusal,
         }
+        if self.txn_states:
+            out["txn_states"] = dict(self.txn_states)
+        return out
 
 
-def _target_batch(handle: SinkHandle) -> tuple[int | None, str | None]:
+def _target_batch(handle: SinkHandle, target) -> tuple[int | None, str | None]:
     try:
-        return handle.target().committed_batch(handle.sink_id), None
+        return target.committed_batch(handle.sink_id), None
     except TxnError:
         raise
     except Exception as e:  # a diagnosis must still show what the record table knows
-        log.warning("sink %s: cannot read target %s: %r", handle.sink_id, handle.target_uri, e)
+        log.warning("sink %s: cannot read target %s: %r", handle.sink_id, handle.target_label, e)
         return None, f"{type(e).__name__}: {e}"
 
 
@@ -434,8 +626,11 @@ def _status(
     handle: SinkHandle,
     state: SinkState,
     snapshot_id: int,
-    target: tuple[int | None, str | None] | None = None,
+    target,
+    batch_read: tuple[int | None, str | None] | None = None,
 ) -> SnapshotStatus:
+    """``target``: the opened target (None: unknown); ``batch_read``: its committed batch
+    of this sink (and why it could not be read), when the caller read it already."""
     rec = state.record_for_snapshot(snapshot_id)
     if snapshot_id in state.abandoned:
         kind, refusal = "abandoned", "it is already abandoned"
@@ -450,8 +645,8 @@ def _status(
     else:
         kind, refusal = "unknown", "this sink never allocated it"
     batch, error = (None, None)
-    if rec is not None and handle.target_uri is not None:
-        batch, error = target if target is not None else _target_batch(handle)
+    if rec is not None and target is not None:
+        batch, error = batch_read if batch_read is not None else _target_batch(handle, target)
     if kind == "pending" and rec is not None and batch is not None and batch >= rec.batch_id:
         # The usual state of the last record: its phase 2 landed and the next
         # record (or a restart's recovery) confirms it in the record table.
@@ -465,14 +660,34 @@ def _status(
             f"the target already holds batch {batch} >= {rec.batch_id}: phase 2 landed; "
             "restart the query and recovery records it as committed"
         )
+    states: Mapping[str, str] = {}
+    token = state.allocations.get(snapshot_id)
+    if handle.kind == POSTGRES and target is not None and rec is None and token is not None:
+        # an allocation (open or abandoned): what its tasks prepared, which abandoning
+        # rolls back (a task may prepare after Spark's abort abandoned the attempt)
+        states = dict.fromkeys(target.attempt_txns(snapshot_id, token), "prepared")
+    if kind == "pending" and rec is not None and target is not None and error is None:
+        # where phase 2 is several steps, how far it got decides (Target.abandon_refusal)
+        try:
+            if handle.kind == POSTGRES:
+                states = {g: st for g, (st, _) in target.txn_states(rec).items()}
+            if refusal is None:
+                refusal = target.abandon_refusal(rec)
+        except TxnError:
+            raise
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
     if refusal is None and error is not None:
         refusal = f"the target cannot be read ({error})"
-    return SnapshotStatus(handle.sink_id, snapshot_id, kind, rec, batch, error, refusal)
+    return SnapshotStatus(
+        handle.sink_id, snapshot_id, kind, rec, batch, error, refusal, handle.terms, states
+    )
 
 
 def snapshot_status(handle: SinkHandle, snapshot_id: int) -> SnapshotStatus:
     """What the record table and the target say about one snapshot id."""
-    return _status(handle, handle.load(), snapshot_id)
+    with opened_target(handle) as target:
+        return _status(handle, handle.load(), snapshot_id, target)
 
 
 def stuck_snapshots(handle: SinkHandle) -> list[SnapshotStatus]:
@@ -481,29 +696,39 @@ def stuck_snapshots(handle: SinkHandle) -> list[SnapshotStatus]:
 
     A running query shows its current batch here for a moment. A record whose
     batch the target holds is committed (the next record confirms it), so it is
-    not listed. One whose batch the target lacks is finished by a restart too, unless phase 2 can no longer succeed (files lost, target
-    dropped or altered): then :func:`abandon_snapshot` withdraws it.
+    not listed. One whose batch the target lacks is finished by a restart too, unless
+    phase 2 can no longer succeed (files lost, prepared transactions rolled back,
+    target dropped or altered): then :func:`abandon_snapshot` withdraws it.
     """
     state = handle.load()
     if not pending_phase2(state):
         return []
-    return _stuck(handle, state, _target_batch(handle) if handle.target_uri else None)
+    with opened_target(handle) as target:
+        batch_read = _target_batch(handle, target) if target is not None else None
+        return _stuck(handle, state, target, batch_read)
 
 
 def _stuck(
-    handle: SinkHandle, state: SinkState, target: tuple[int | None, str | None] | None
+    handle: SinkHandle,
+    state: SinkState,
+    target,
+    batch_read: tuple[int | None, str | None] | None,
 ) -> list[SnapshotStatus]:
-    statuses = [_status(handle, state, r.snapshot_id, target) for r in pending_phase2(state)]
+    statuses = [
+        _status(handle, state, r.snapshot_id, target, batch_read) for r in pending_phase2(state)
+    ]
     return [s for s in statuses if s.state == "pending"]
 
 
 def abandon_snapshot(handle: SinkHandle, snapshot_id: int, reason: str) -> SinkState:
     """Withdraw a stuck snapshot record (or an open allocation) with an ``abandoned`` event
-    and delete its staged files. Returns the sink's state afterwards.
+    and roll back what it staged (Delta: its files; PostgreSQL: its prepared
+    transactions, as recovery would). Returns the sink's state afterwards.
 
     Refused (:class:`TxnError`) for a committed snapshot, a record that is not
-    the last one, or one whose batch the target already holds. Abandoning an
-    id that is already abandoned changes nothing.
+    the last one, one whose batch the target already holds, and one the target
+    says could still commit or has begun to (:meth:`Target.abandon_refusal`).
+    Abandoning an id that is already abandoned changes nothing.
 
     Stop the query first: the target check and the ``abandoned`` event are two
     steps, so a running query's recovery could land phase 2 between them (the
@@ -513,19 +738,30 @@ def abandon_snapshot(handle: SinkHandle, snapshot_id: int, reason: str) -> SinkS
     decided anew, under a new snapshot id (ids are never reused).
     """
     log.info("sink %s: abandoning snapshot %d: %s", handle.sink_id, snapshot_id, reason)
-    state = handle.committer().abandon(snapshot_id, reason)
+    committer = handle.committer()
+    try:
+        state = committer.abandon(snapshot_id, reason)
+    finally:
+        committer.target.close()
     log.info("sink %s: snapshot %d is abandoned", handle.sink_id, snapshot_id)
     return state
 
 
-def settle(location: str, sink: str | None = None, *, reason: str = "settled") -> SinkState:
+def settle(
+    location: str, sink: str | None = None, *, reason: str = "settled", **target
+) -> SinkState:
     """Finish or roll back whatever a stopped query left of its sink's last batch.
 
     Stop the query first: settling takes the sink's epoch, so a run still
     going would be fenced (it fails with ``FencedError`` at its next commit).
+    ``target``: ``url`` / ``password_file`` of a PostgreSQL sink, as for :func:`open_sink`.
     """
-    handle = open_sink(location, sink)
-    return handle.committer().settle(reason)
+    handle = open_sink(location, sink, **target)
+    committer = handle.committer()
+    try:
+        return committer.settle(reason)
+    finally:
+        committer.target.close()
 
 
 # --- verify ---------------------------------------------------------------------
@@ -536,8 +772,10 @@ class Problem:
     """One finding about one file of one snapshot record."""
 
     severity: str  # "error" or "warning"
-    kind: str  # missing | size | checksum | unreadable | not-in-table | checksum-format
-    handle: str  # the file, relative to the target table root
+    # missing | size | checksum | unreadable | not-in-table | checksum-format (Delta);
+    # missing | prepared | rows | not-in-table (PostgreSQL)
+    kind: str
+    handle: str  # the file, relative to the target table root; a PostgreSQL gid
     message: str
 
     def to_json(self) -> dict[str, Any]:
@@ -577,7 +815,7 @@ class SnapshotCheck:
 @dataclass(frozen=True)
 class VerifyReport:
     sink_id: str
-    target_uri: str | None
+    target_uri: str | None  # the target as messages name it (Delta: its URI)
     snapshots: tuple[SnapshotCheck, ...] = ()
 
     @property
@@ -678,8 +916,12 @@ def verify(handle: SinkHandle, progress: Progress | None = None) -> VerifyReport
     """
     state = handle.load()
     records = sorted(state.records.values(), key=lambda r: r.snapshot_id)
-    if not records or handle.target_uri is None:
-        return VerifyReport(handle.sink_id, handle.target_uri)
+    if not records or not handle.has_target:
+        return VerifyReport(handle.sink_id, handle.target_label)
+    if handle.kind == POSTGRES:
+        with opened_target(handle) as target:
+            return _verify_postgres(handle, state, records, target)
+    assert handle.target_uri is not None
     fs, root = _fs.filesystem(handle.target_uri)
     target = handle.target()
     committed = dict(state.committed)
@@ -723,6 +965,79 @@ def verify(handle: SinkHandle, progress: Progress | None = None) -> VerifyReport
                 "sink %s, snapshot %d: %s: %s", handle.sink_id, rec.snapshot_id, p.handle, p.message
             )
     return VerifyReport(handle.sink_id, handle.target_uri, tuple(checks))
+
+
+def _verify_postgres(
+    handle: SinkHandle, state: SinkState, records: list[SnapshotRecord], target
+) -> VerifyReport:
+    """Every prepared transaction of every live record must be committed with the rows
+    the record counts (or, while its phase 2 is pending, still prepared), and every
+    committed record's batch row must be its own. Nothing is re-read row by row."""
+    from .sinks.postgres_target import BATCHES_TABLE
+
+    checks = []
+    for rec in records:
+        own = target.batch_record(rec.batch_id)
+        committed = rec.snapshot_id in state.committed or own == rec.record_id
+        problems: list[Problem] = []
+        if committed and own != rec.record_id:
+            problems.append(
+                Problem(
+                    "error",
+                    "not-in-table",
+                    "",
+                    (
+                        f"batch {rec.batch_id} has no row in {BATCHES_TABLE}"
+                        if own is None
+                        else f"the row of batch {rec.batch_id} in {BATCHES_TABLE} names "
+                        f"record {own}, not this one"
+                    )
+                    + ": the bookkeeping was changed or the database restored",
+                )
+            )
+        states = target.txn_states(rec)
+        for t in rec.txns:
+            st, rows = states[t.handle]
+            if st == "missing":
+                problems.append(
+                    Problem(
+                        "error",
+                        "missing",
+                        t.handle,
+                        "neither prepared nor committed: rolled back outside the sink, or "
+                        "the database was restored",
+                    )
+                )
+            elif st == "prepared" and committed:
+                problems.append(
+                    Problem(
+                        "error",
+                        "prepared",
+                        t.handle,
+                        "still prepared although its batch is committed: it holds its locks "
+                        "until someone commits it (COMMIT PREPARED)",
+                    )
+                )
+            elif st == "committed" and rows != t.rows:
+                problems.append(
+                    Problem(
+                        "error",
+                        "rows",
+                        t.handle,
+                        f"committed {rows} rows, the record says {t.rows}",
+                    )
+                )
+        checks.append(
+            SnapshotCheck(
+                snapshot_id=rec.snapshot_id,
+                batch_id=rec.batch_id,
+                committed=committed,
+                files=len(rec.txns),
+                bytes=sum(t.bytes for t in rec.txns),
+                problems=tuple(problems),
+            )
+        )
+    return VerifyReport(handle.sink_id, handle.target_label, tuple(checks))
 
 
 def _check_file(fs, path: str, t, advance: Callable[[int], None]) -> Iterable[Problem]:

@@ -82,6 +82,7 @@ def persisted_sink_id(
     fs_options=None,
     record_table: str | None = None,
     mode: str = "snapshots",
+    target: dict[str, Any] | None = None,
 ) -> str:
     """The sink id kept inside the checkpoint, written there on first use.
 
@@ -93,7 +94,9 @@ def persisted_sink_id(
     (option ``recordTable``) is named there too, so tools find a sink's history
     from its checkpoint alone; the default one is not: it is wherever the
     checkpoint is now. So is the sink's ``mode``: a checkpoint keeps the mode it
-    started with (files from before modes existed are ``snapshots``).
+    started with (files from before modes existed are ``snapshots``). ``target``
+    describes where a target other than Delta writes (its records say it too), so
+    tools find it before the first record; it is kept as first written.
     """
     kept = read_sink_file(checkpoint, fs_options)
     if kept is not None:
@@ -117,12 +120,14 @@ def persisted_sink_id(
     path = _fs.join(root, *SINK_FILE)
     fs.makedirs(_fs.join(root, SINK_FILE[0]), exist_ok=True)
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    content = {
+    content: dict[str, Any] = {
         "sink_id": explicit or derived,
         "record_table": record_table,
         "mode": mode,
         "format_version": 1,
     }
+    if target is not None:
+        content["target"] = target
     with fs.open(tmp, "w") as f:
         json.dump(content, f)
     try:
@@ -134,5 +139,7 @@ def persisted_sink_id(
     if kept is None:
         raise ConfigError(f"{checkpoint}: the sink file vanished right after it was written")
     if kept.get("mode", "snapshots") != mode:
-        return persisted_sink_id(checkpoint, derived, explicit, fs_options, record_table, mode)
+        return persisted_sink_id(
+            checkpoint, derived, explicit, fs_options, record_table, mode, target
+        )
     return kept["sink_id"]

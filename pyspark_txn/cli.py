@@ -1,5 +1,5 @@
-"""pyspark-txn: run the demo, and watch, repair, verify and snapshot txn-delta sinks
-from a shell, without Spark."""
+"""pyspark-txn: run the demo, and watch, repair and verify txn-delta and txn-postgres
+sinks (and snapshot txn-delta ones) from a shell, without Spark."""
 
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ def _print_records(record_table: str, sink: str | None = None) -> None:
         events = store.events(sink_id)
         state = store.load_sink(sink_id)
         rec = state.execution_record
+        meta = admin.recorded_target(store, sink_id, state)
+        terms = admin.target_terms(admin.target_kind(meta))
         print(f"sink {sink_id}")
+        print(f"  target: {admin.describe_target(meta)}")
         print(
             f"  execution record: epoch={rec.epoch} snapshot_id={rec.snapshot_id} "
             f"ongoing_snapshot_id={rec.ongoing_snapshot_id} query={rec.query_id}"
@@ -45,7 +48,7 @@ def _print_records(record_table: str, sink: str | None = None) -> None:
             detail = ""
             if e.kind.value == "snapshot":
                 detail = (
-                    f"{len(e.payload['txns'])} staged files, offsets {e.payload['source_offsets']}"
+                    f"{len(e.payload['txns'])} {terms.txns}, offsets {e.payload['source_offsets']}"
                 )
                 confirms = sorted(int(k) for k in e.payload.get("confirms") or {})
                 if confirms:
@@ -61,7 +64,7 @@ def _print_records(record_table: str, sink: str | None = None) -> None:
             elif e.kind.value == "name_deleted":
                 detail = f"named snapshot {e.payload.get('name')!r} deleted"
             elif e.kind.value == "committed":
-                detail = f"target version {e.payload.get('target_version')}"
+                detail = terms.committed_as(e.payload.get("target_version"))
             elif e.kind.value == "epoch":
                 detail = f"run {e.payload.get('owner')}"
             elif e.kind.value == "abandoned":
@@ -81,23 +84,44 @@ def cmd_records(args: argparse.Namespace) -> int:
 
 def _describe(status: admin.SnapshotStatus) -> list[str]:
     d = status.to_json()
+    terms = status.terms or admin.target_terms(None)
     lines = [f"snapshot {d['snapshot_id']} of sink {d['sink_id']}: {d['state']}"]
     if status.record is not None:
         lines.append(
-            f"  batch {d['batch_id']}, {d['rows']} rows in {d['files']} files "
+            f"  batch {d['batch_id']}, {d['rows']} rows in {d['files']} {terms.txns} "
             f"({d['bytes']} bytes), recorded {d['created_at']} by run {d['run_id']}"
         )
+        lines += _txn_lines(status, terms)
         if d["target_error"]:
             lines.append(f"  target: cannot be read: {d['target_error']}")
         elif d["target_batch"] is None:
             lines.append("  target holds no batch of this sink (or does not exist)")
         else:
             lines.append(f"  target holds this sink's batches up to {d['target_batch']}")
+    else:
+        lines += _txn_lines(status, terms)
     return lines
 
 
+def _txn_lines(status: admin.SnapshotStatus, terms) -> list[str]:
+    if not status.txn_states:
+        return []
+    states = list(status.txn_states.values())
+    counts = ", ".join(f"{states.count(k)} {k}" for k in _TXN_STATES)
+    lines = [f"  its {terms.txns}: {counts}"]
+    return lines + [f"    {gid}: {st}" for gid, st in sorted(status.txn_states.items())]
+
+
+_TXN_STATES = ("prepared", "committed", "missing")
+
+
+def _open(args: argparse.Namespace) -> admin.SinkHandle:
+    """The sink of a command that reads its target (``--url``, ``--password-file``)."""
+    return admin.open_sink(args.location, args.sink, url=args.url, password_file=args.password_file)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    status = admin.sink_status(admin.open_sink(args.location, args.sink))
+    status = admin.sink_status(_open(args))
     d = status.to_json()
     if args.json:
         print(json.dumps(d, indent=2))
@@ -117,15 +141,22 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"  Spark's checkpoint: batch {d['spark_planned_batch']} planned, "
             f"{d['spark_committed_batch']} committed"
         )
-    if d["target_uri"] is None:
+    target = d["target"]
+    if target is None:
         print("  target: not known yet (no snapshot record names it)")
     elif d["target_error"]:
-        print(f"  target {d['target_uri']}: cannot be read: {d['target_error']}")
+        print(f"  target {target}: cannot be read: {d['target_error']}")
+    elif d["target_kind"] == admin.POSTGRES:
+        print(
+            f"  target {target}: holds this sink's batches up to {d['target_batch']} "
+            f"(pyspark_txn_batches); {d['staged_txns']} prepared transaction(s) of "
+            f"{d['staged_attempts']} attempt(s) pending"
+        )
     elif d["target_version"] is None:
-        print(f"  target {d['target_uri']}: no table")
+        print(f"  target {target}: no table")
     else:
         print(
-            f"  target {d['target_uri']}: version {d['target_version']}, holds this sink's "
+            f"  target {target}: version {d['target_version']}, holds this sink's "
             f"batches up to {d['target_batch']}; staging markers of "
             f"{d['staged_attempts']} recent attempt(s) (kept until ~32 batches later)"
         )
@@ -147,13 +178,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if status.healthy else 1
 
 
+_CANNOT_SUCCEED = {
+    admin.POSTGRES: "a prepared transaction is gone, rolled back outside the sink",
+    admin.DELTA: "files lost, target dropped or altered",
+}
+
+
 def cmd_stuck(args: argparse.Namespace) -> int:
-    handle = admin.open_sink(args.location, args.sink)
+    handle = _open(args)
     stuck = admin.stuck_snapshots(handle)
     if args.json:
         out = {
             "sink_id": handle.sink_id,
             "record_table": handle.record_table,
+            "target_kind": handle.kind,
+            "target": handle.target_label,
             "target_uri": handle.target_uri,
             "stuck": [s.to_json() for s in stuck],
         }
@@ -163,15 +202,13 @@ def cmd_stuck(args: argparse.Namespace) -> int:
         print(f"sink {handle.sink_id}: no stuck snapshots")
         return 0
     print(f"sink {handle.sink_id}: {len(stuck)} snapshot record(s) whose phase 2 never completed")
-    print(f"  target {handle.target_uri}")
+    print(f"  target {handle.target_label}")
+    why = _CANNOT_SUCCEED.get(handle.kind or admin.DELTA, _CANNOT_SUCCEED[admin.DELTA])
     for status in stuck:
         print()
         print("\n".join(_describe(status)))
         if status.refusal is None:
-            print(
-                "  if phase 2 can no longer succeed (files lost, target dropped or altered), "
-                "withdraw it and restart the query:"
-            )
+            print(f"  if phase 2 can no longer succeed ({why}), withdraw it and restart the query:")
             print(
                 f"    pyspark-txn abandon {shlex.quote(args.location)} "
                 f"--snapshot {status.snapshot_id} --sink {handle.sink_id}"
@@ -183,10 +220,17 @@ def cmd_stuck(args: argparse.Namespace) -> int:
 
 
 def cmd_abandon(args: argparse.Namespace) -> int:
-    handle = admin.open_sink(args.location, args.sink)
+    handle = _open(args)
     status = admin.snapshot_status(handle, args.snapshot)
     print("\n".join(_describe(status)))
     if status.state == "abandoned":
+        if status.txn_states:  # prepared after the attempt was abandoned: dead, as a sweep knows
+            admin.abandon_snapshot(handle, args.snapshot, args.reason)
+            print(
+                f"it is already abandoned; rolled back the {len(status.txn_states)} prepared "
+                "transaction(s) its tasks left, as recovery would"
+            )
+            return 0
         print("nothing to do: it is already abandoned")
         return 0
     if status.refusal is not None:
@@ -203,15 +247,21 @@ def cmd_abandon(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+        gone = (
+            "prepared transactions are rolled back"
+            if handle.kind == admin.POSTGRES
+            else "staged files are deleted"
+        )
         answer = input(
-            f"Abandon snapshot {args.snapshot}? Its staged files are deleted and it can never "
-            "be committed. [y/N] "
+            f"Abandon snapshot {args.snapshot}? Its {gone} and it can never be committed. [y/N] "
         )
         if answer.strip().lower() not in ("y", "yes"):
             print("not abandoned")
             return 1
     admin.abandon_snapshot(handle, args.snapshot, args.reason)
     print(f"snapshot {args.snapshot} of sink {handle.sink_id} is abandoned.")
+    if handle.kind == admin.POSTGRES:
+        print("Its prepared transactions are rolled back, as recovery would.")
     if status.record is not None:
         print(
             f"Restart the query: Spark replays batch {status.record.batch_id} and it is "
@@ -243,7 +293,7 @@ def _progress_bar(desc: str = "verify"):
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    handle = admin.open_sink(args.location, args.sink)
+    handle = _open(args)
     progress, close = _progress_bar()
     try:
         report = admin.verify(handle, progress)
@@ -254,8 +304,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return 0 if report.ok else 1
     files = sum(s.files for s in report.snapshots)
     print(
-        f"sink {report.sink_id}: {len(report.snapshots)} live snapshot records, {files} files "
-        f"in {report.target_uri}"
+        f"sink {report.sink_id}: {len(report.snapshots)} live snapshot records, {files} "
+        f"{handle.terms.txns} in {report.target_uri}"
     )
     for sid, p in report.problems:
         print(f"  {p.severity}: snapshot {sid}: {p.handle}: {p.message}")
@@ -437,7 +487,10 @@ def cmd_snapshots_list(args: argparse.Namespace) -> int:
 def cmd_snapshots_show(args: argparse.Namespace) -> int:
     from . import snapshots
 
-    pending = {r.name: r for r in snapshots.list_requests(args.location, args.sink)}
+    pending = {
+        r.name: r
+        for r in snapshots.list_requests(args.location, args.sink, command="snapshots show")
+    }
     if args.name in pending:
         r = pending[args.name]
         if args.json:
@@ -615,6 +668,18 @@ def _sink_arguments(p: argparse.ArgumentParser, *, name: bool = False, as_json: 
 SINK_HELP = "sink id (default: the checkpoint's kept sink id, or the record table's only sink)"
 
 
+def _target_arguments(p: argparse.ArgumentParser) -> None:
+    """How a command reaches a txn-postgres sink's database (docs/postgres.md)."""
+    p.add_argument(
+        "--url",
+        help="txn-postgres: the database, as a libpq URI or key=value string (default: the "
+        "one the sink's records keep, without its password). The password comes from "
+        "--password-file, else libpq: PGPASSWORD or ~/.pgpass (PGPASSFILE); it is never "
+        "printed",
+    )
+    p.add_argument("--password-file", help="txn-postgres: a file holding the password")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, whose usage errors come out as JSON when the command line has --json."""
 
@@ -646,7 +711,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser(
         "status",
         help="summarise a sink: last batch, lag, target, record-table size, anything stuck",
-        description="Summarise one txn-delta sink from its record table, target and Spark "
+        description="Summarise one sink (txn-delta or txn-postgres) from its record table, "
+        "target and Spark "
         "checkpoint, without Spark: the last recorded batch and how long ago, what the "
         "target holds, the run holding the sink, the record table's size, and any snapshot "
         "whose phase 2 never completed. Safe while the query runs.",
@@ -654,6 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         "target), 2 error",
     )
     _sink_arguments(p)
+    _target_arguments(p)
     p.set_defaults(func=cmd_status)
     snaps = sub.add_parser(
         "snapshots",
@@ -765,15 +832,18 @@ def main(argv: list[str] | None = None) -> int:
         "running query shows its current batch here for a moment.",
     )
     _sink_arguments(p)
+    _target_arguments(p)
     p.set_defaults(func=cmd_stuck)
     p = sub.add_parser(
         "abandon",
         help="withdraw a stuck snapshot record (or an open allocation)",
         description="Withdraw a snapshot record whose phase 2 can never succeed, or an open "
-        "allocation: append an `abandoned` event and delete its staged files. Refused for a "
-        "committed snapshot, a record that is not the last one, and a batch the target "
-        "already holds. Stop the query first. Afterwards restart it: Spark replays the "
-        "batch and it is decided anew under a new snapshot id.",
+        "allocation: append an `abandoned` event and delete its staged files (txn-postgres: "
+        "roll back its prepared transactions, as recovery would). Refused for a committed "
+        "snapshot, a record that is not the last one, a batch the target already holds, and "
+        "(txn-postgres) a record whose prepared transactions can all still commit or of "
+        "which some already did. Stop the query first. Afterwards restart it: Spark "
+        "replays the batch and it is decided anew under a new snapshot id.",
         epilog="exit status: 0 abandoned (or already abandoned), 1 declined at the prompt, "
         "2 refused or error (also: no terminal to confirm on and no --yes)",
     )
@@ -784,6 +854,7 @@ def main(argv: list[str] | None = None) -> int:
         "--reason", default="abandoned by an operator", help="kept in the abandoned event"
     )
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    _target_arguments(p)
     p.set_defaults(func=cmd_abandon)
     p = sub.add_parser(
         "verify",
@@ -791,10 +862,14 @@ def main(argv: list[str] | None = None) -> int:
         description="Re-read every file named by a live (not abandoned) snapshot record of "
         "the sink and check it exists with the recorded size and CRC32. A committed "
         "record's file that is no longer in the target's current version (a later delete "
-        "or vacuum) is a warning, not an error.",
+        "or vacuum) is a warning, not an error. txn-postgres: every prepared transaction "
+        "a live record names must be committed with the recorded row count (or, while its "
+        "phase 2 is pending, still prepared), and each committed batch's row in "
+        "pyspark_txn_batches must be the record's own.",
         epilog="exit status: 0 all files OK (warnings allowed), 1 problems found, 2 error",
     )
     _sink_arguments(p)
+    _target_arguments(p)
     p.set_defaults(func=cmd_verify)
     args = parser.parse_args(argv)
     logging.basicConfig(

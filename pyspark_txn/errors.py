@@ -8,7 +8,13 @@ from __future__ import annotations
 
 
 class TxnError(Exception):
-    """Root of every error raised by pyspark-txn."""
+    """Root of every error raised by pyspark-txn.
+
+    ``retryable``: the step may be run again as is (phase 2 retries such errors
+    before giving up; the others are decided and retrying cannot change them).
+    """
+
+    retryable = False
 
 
 class ConfigError(TxnError, ValueError):
@@ -28,6 +34,33 @@ class IndeterminateCommitError(TxnError):
 
     The protocol stops here without phase 2; recovery on restart decides.
     """
+
+
+class TargetError(TxnError):
+    """The target's database refused or failed a step; the message says what to do and
+    the database's own error is ``__cause__``."""
+
+
+class TargetUnavailableError(TargetError):
+    """The target cannot be reached now (refused, timed out, restarting, connection lost
+    outside a commit). Nothing decided is lost: run the step again when it is back."""
+
+    retryable = True
+
+
+class TargetBusyError(TargetError):
+    """Concurrent work made the database give up a step (serialization failure,
+    deadlock, lock or statement timeout); it was rolled back, so running it again is safe."""
+
+    retryable = True
+
+
+class IndeterminateTargetCommitError(IndeterminateCommitError, TargetError):
+    """The connection was lost while the target committed (``COMMIT PREPARED``): whether
+    it committed is unknown until the target is read again, which a retry or recovery
+    does. Never taken for a success or a failure."""
+
+    retryable = True
 
 
 class CorruptSnapshotError(TxnError):

@@ -4,7 +4,9 @@ A plan is a comma-separated list of
 ``point:action[@batch=N][@snapshot=S][@partition=P]`` rules (executors know
 the snapshot id, not the batch id), given through the test-only option ``faultInjection``. ``exit`` kills
 the current Python process with ``os._exit`` (a crash: no cleanup runs);
-``raise`` raises :class:`InjectedFault`. Never set it in production.
+``raise`` raises :class:`InjectedFault`; ``disconnect`` (only at ``mid_phase2``)
+makes the PostgreSQL target lose its connection there, so the next
+``COMMIT PREPARED`` meets a dead session. Never set it in production.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ POINTS = (
     "mid_ack",  # half of their messages acked at the broker
     "after_ack",  # all acked at the broker, 'acked' not recorded in the claim log
 )
-ACTIONS = ("raise", "exit")
+ACTIONS = ("raise", "exit", "disconnect")
+DISCONNECT_POINTS = ("mid_phase2",)  # where a target acts on ``disconnect``
 EXIT_CODE = 86
 
 
@@ -76,6 +79,10 @@ class FaultPlan:
                     f"faultInjection rule {part!r}: expected point:action with point in "
                     f"{POINTS} and action in {ACTIONS}"
                 )
+            if action == "disconnect" and point not in DISCONNECT_POINTS:
+                raise ConfigError(
+                    f"faultInjection rule {part!r}: disconnect only at {DISCONNECT_POINTS}"
+                )
             kw: dict[str, int] = {}
             for c in conds:
                 key, _, value = c.partition("=")
@@ -95,13 +102,17 @@ class FaultPlan:
         *,
         snapshot: int | None = None,
         partition: int | None = None,
-    ) -> None:
+    ) -> bool:
+        """Act on the first matching rule; True for ``disconnect`` (the caller acts)."""
         for rule in self.rules:
             if rule.matches(point, batch, snapshot, partition):
                 log.error("fault injection: %s at %s (batch %s)", rule.action, point, batch)
                 if rule.action == "exit":
                     os._exit(EXIT_CODE)
+                if rule.action == "disconnect":
+                    return True
                 raise InjectedFault(f"injected fault at {point} (batch {batch})")
+        return False
 
 
 NO_FAULTS = FaultPlan()

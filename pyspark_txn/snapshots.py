@@ -66,24 +66,36 @@ CHUNK_BYTES = admin.CHUNK_BYTES
 Progress = Callable[[int, int], None]
 
 
+def _open(location: str, sink: str | None, command: str) -> admin.SinkHandle:
+    """The sink, refused by name unless it writes to a Delta table: a named snapshot is
+    a copy of a Delta table's files."""
+    handle = admin.open_sink(location, sink)
+    handle.require_delta(command)
+    return handle
+
+
 def _registry(handle: admin.SinkHandle) -> Mapping[str, NamedSnapshot]:
     return handle.load().named
 
 
 def list_snapshots(location: str, sink: str | None = None) -> list[NamedSnapshot]:
     """Every named snapshot of the sink, oldest first."""
-    handle = admin.open_sink(location, sink)
+    handle = _open(location, sink, "snapshots list")
     return sorted(_registry(handle).values(), key=lambda n: n.snapshot_id)
 
 
-def list_requests(location: str, sink: str | None = None) -> list[ExportRequest]:
+def list_requests(
+    location: str, sink: str | None = None, *, command: str = "snapshots list"
+) -> list[ExportRequest]:
     """Every export requested for the sink's next commit and not served yet, oldest first."""
-    handle = admin.open_sink(location, sink)
+    handle = _open(location, sink, command)
     return sorted(handle.load().export_requests.values(), key=lambda r: r.requested_seq)
 
 
-def show(location: str, name: str, sink: str | None = None) -> NamedSnapshot:
-    handle = admin.open_sink(location, sink)
+def show(
+    location: str, name: str, sink: str | None = None, *, command: str = "snapshots show"
+) -> NamedSnapshot:
+    handle = _open(location, sink, command)
     state = handle.load()
     named = state.named
     if name not in named:
@@ -572,7 +584,7 @@ def check_export(
     """Every check of :func:`export` that needs no Spark and writes nothing: the name
     is free, ``to`` is a place of its own that is new, empty or a dead export's
     partial copy, and there is a committed snapshot. Returns what it pins."""
-    handle = admin.open_sink(location, sink)
+    handle = _open(location, sink, "snapshots export")
     sink_state = handle.load()
     _check_destination(handle, sink_state, name, to, replace_unfinished)
     if batch is not None:
@@ -620,7 +632,7 @@ def export(
     when you know it is dead; a writer provably dead on this host is removed
     without it).
     """
-    handle = admin.open_sink(location, sink)
+    handle = _open(location, sink, "snapshots export")
     if state not in STATE_CHOICES:
         raise ConfigError(f"state={state!r}: choose one of {', '.join(STATE_CHOICES)}")
     record, version = check_export(
@@ -893,7 +905,7 @@ def request_export(
     """
     if state not in STATE_CHOICES:
         raise ConfigError(f"state={state!r}: choose one of {', '.join(STATE_CHOICES)}")
-    handle = admin.open_sink(location, sink)
+    handle = _open(location, sink, "snapshots export --at-next-commit")
     sink_state = handle.load()
     _check_name_free(sink_state, name)
     uri = _check_to(handle, to, sink_state)
@@ -932,7 +944,7 @@ def cancel_request(
 ) -> ExportRequest:
     """Withdraw a pending :func:`request_export` (an ``export_failed`` event saying it was
     cancelled, written safely). Refused once the export ran: delete the snapshot then."""
-    handle = admin.open_sink(location, sink)
+    handle = _open(location, sink, "snapshots cancel")
     text = "cancelled" + (f": {reason}" if reason else " by cancel_request")
     taken: list[ExportRequest] = []
 
@@ -999,7 +1011,7 @@ def wait_for_export(
 ) -> NamedSnapshot:
     """Wait until a requested export is registered; raise if it failed, the query
     stopped first, or ``timeout`` seconds passed."""
-    handle = admin.open_sink(location, sink)
+    handle = _open(location, sink, "snapshots export --wait")
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         state = handle.load()
@@ -1056,7 +1068,7 @@ def stop_and_export(
     last batch; restarted from its checkpoint, the query continues after it.
     """
     location = checkpoint or query_checkpoint(query)
-    handle = admin.open_sink(location, sink)
+    handle = _open(location, sink, "stop_and_export")
     _check_destination(handle, handle.load(), name, to, replace_unfinished)
     session = _state_session(handle, state, spark)
     query.stop()
@@ -1132,8 +1144,8 @@ def verify(
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
-    entry = show(location, name, sink)
-    sink_id = admin.open_sink(location, sink).sink_id
+    sink_id = _open(location, sink, "snapshots verify").sink_id
+    entry = show(location, name, sink, command="snapshots verify")
     expected = {path: (size, crc) for path, size, crc in entry.details.get("files", [])}
     data_uri = _fs.join(entry.location, "data")
     problems: list[str] = []
@@ -1289,7 +1301,7 @@ def _check_state_tables(entry: NamedSnapshot) -> list[str]:
 
 def delete(location: str, name: str, sink: str | None = None) -> NamedSnapshot:
     """Unregister ``name`` (a safe event), then remove its export folder."""
-    handle = admin.open_sink(location, sink)
+    handle = _open(location, sink, "snapshots delete")
     entry = show(location, name, sink)
 
     def deleted(s: SinkState):
@@ -1344,7 +1356,7 @@ def source_offsets(location: str, name: str, sink: str | None = None) -> list[st
     file sources it is what their offset log holds (not enough to resume them:
     they keep more under the checkpoint's ``sources/``).
     """
-    entry = show(location, name, sink)
+    entry = show(location, name, sink, command="snapshots offsets")
     return [
         None if o is None else (o if isinstance(o, str) else json.dumps(o, sort_keys=True))
         for o in entry.details.get("source_offsets") or []
@@ -1411,7 +1423,7 @@ def prepare_query(
     keep more under the checkpoint's ``sources/`` (not exported). Stateful queries are
     refused: Spark cannot load state from the exported tables.
     """
-    entry = show(location, name, sink)
+    entry = show(location, name, sink, command="snapshots prepare-query")
     if entry.details.get("stateful") or entry.details.get("state_tables"):
         raise ConfigError(
             f"snapshot {name!r} is of a stateful query: its exported state tables can be read "

@@ -1,8 +1,12 @@
-"""Test doubles shared by the unit and contract suites.
+"""Test doubles and helpers shared by the suites.
 
 ``FaultyLog`` wraps a *real* backend and injects failures; ``MemoryTarget`` is
 an in-memory phase-2 target used only by pure unit tests of the protocol core.
 """
+
+import os
+import subprocess
+import sys
 
 from pyspark_txn.errors import CheckpointMismatchError, CorruptSnapshotError
 from pyspark_txn.sinks.twophase import Target
@@ -65,6 +69,7 @@ class MemoryTarget(Target):
         self.version: int | None = None
         self.rolled_back: set[str] = set()
         self.committed_handles: set[str] = set()
+        self.pruned: list[int] = []  # every floor prune() was called with
 
     def stage(self, snapshot_id, token, handle, rows):
         self.staged.setdefault((snapshot_id, token), {})[handle] = list(rows)
@@ -102,6 +107,23 @@ class MemoryTarget(Target):
     def staged_attempts(self):
         return set(self.staged)
 
+    def prune(self, floor):
+        self.pruned.append(floor)
+
     @property
     def rows(self):
         return [r for b in sorted(self.batches) for r in self.batches[b]]
+
+
+def run_cli_process(*argv, env=None, unset=(), timeout=120):
+    """``pyspark-txn ARGV`` as a user runs it: a new process, this interpreter, this
+    environment (minus ``unset``, plus ``env``). Returns (exit status, stdout, stderr)."""
+    environ = {k: v for k, v in os.environ.items() if k not in unset}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyspark_txn", *(str(a) for a in argv)],
+        capture_output=True,
+        text=True,
+        env={**environ, **(env or {})},
+        timeout=timeout,
+    )
+    return proc.returncode, proc.stdout, proc.stderr

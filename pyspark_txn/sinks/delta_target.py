@@ -27,7 +27,7 @@ from .staging import (
     parse_snapshot_dir,
     snapshot_dir,
 )
-from .twophase import Target
+from .twophase import Target, TargetTerms
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,10 @@ _SCHEMA_CHECKS: set[tuple] = set()  # (uri, version, schema, settings) that pass
 
 
 class DeltaTarget(Target):
+    terms = TargetTerms(
+        "delta", "file", "files", "table version {}", "no Delta commit (empty batch)"
+    )
+
     def __init__(
         self,
         uri: str,

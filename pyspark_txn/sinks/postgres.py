@@ -62,9 +62,11 @@ from .postgres_target import (
     ensure_marker_tables,
     fast_kinds,
     parse_table_name,
+    raise_db_error,
     redact,
     resolve_columns,
     stage_partition,
+    without_password,
 )
 from .twophase import TwoPhaseCommitter
 
@@ -183,13 +185,27 @@ class PostgresSinkOptions:
         )
 
     def with_checkpoint_sink_id(self) -> PostgresSinkOptions:
-        """The sink id kept in the checkpoint (written there on first use)."""
+        """The sink id kept in the checkpoint (written there on first use, with where the
+        sink writes, so tools find its database before its first record)."""
         sink_id = persisted_sink_id(
             self.checkpoint_location,
             self.sink_id,
             self.sink_id if self.explicit_sink_id else None,
+            target=self.target_meta(),
         )
         return replace(self, sink_id=sink_id)
+
+    def target_meta(self) -> dict[str, Any]:
+        """What each record (and sink.json) says about the target: enough for the CLI to
+        find the database and the bookkeeping tables. Never the password."""
+        return {
+            "kind": PostgresTarget.terms.kind,
+            "table": self.qualified_table,
+            "schema": self.schema,
+            "name": self.table,
+            "mode": self.mode,
+            "url": without_password(self.url),
+        }
 
     @property
     def connector(self) -> Connector:
@@ -229,18 +245,18 @@ class PostgresSinkOptions:
             raise ConfigError(
                 f"option keyColumns: columns {missing} are not in the stream {arrow_schema.names}"
             )
+        conn = self.connector.connect(doing=f"preparing table {self.qualified_table}")
         try:
-            conn = self.connector.connect()
-        except psycopg.OperationalError as e:
-            raise ConfigError(
-                f"txn-postgres: cannot connect to {self.redacted_url}: {str(e).strip()}"
-            ) from None
-        with conn:
-            check_server(conn, self.url)
-            if self.create_table:
-                create_table(conn, self.schema, self.table, arrow_schema, self.key_columns)
-            columns = resolve_columns(conn, self.schema, self.table, arrow_schema, self.key_columns)
-            ensure_marker_tables(conn, self.schema)
+            with conn:
+                check_server(conn, self.url)
+                if self.create_table:
+                    create_table(conn, self.schema, self.table, arrow_schema, self.key_columns)
+                columns = resolve_columns(
+                    conn, self.schema, self.table, arrow_schema, self.key_columns
+                )
+                ensure_marker_tables(conn, self.schema)
+        except psycopg.Error as e:
+            raise_db_error(e, f"preparing table {self.qualified_table}", self.url)
         return WriteConfig(
             connector=self.connector,
             schema=self.schema,
@@ -407,7 +423,7 @@ class TxnPostgresStreamWriter(WriterBase):
                 source_offsets=offsets,
                 query_id=read_query_id(self.opts.checkpoint_location),
                 query_name=self.opts.query_name,
-                target_meta={"table": self.opts.qualified_table, "mode": self.opts.mode},
+                target_meta=self.opts.target_meta(),
             )
         finally:
             _close(committer)

@@ -30,13 +30,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time
 from decimal import Decimal
-from typing import Any
+from typing import Any, NoReturn
 
-from ..errors import CheckpointMismatchError, ConfigError, CorruptSnapshotError
+from ..errors import (
+    CheckpointMismatchError,
+    ConfigError,
+    CorruptSnapshotError,
+    IndeterminateTargetCommitError,
+    TargetBusyError,
+    TargetError,
+    TargetUnavailableError,
+    TxnError,
+)
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import SnapshotRecord, TxnHandle
 from . import _pgcopy
-from .twophase import Target
+from .twophase import Target, TargetTerms
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +125,98 @@ def redact(url: str) -> str:
         return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
 
 
+def without_password(url: str) -> str:
+    """The connection string with no password at all: what records keep, so that tools
+    find the database (they take the password from libpq's PGPASSWORD or ~/.pgpass, or
+    a password file)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(url)
+    for secret in ("password", "sslpassword"):
+        params.pop(secret, None)
+    return make_conninfo("", **params)
+
+
+# --- database errors -----------------------------------------------------------------
+
+_LOGIN = re.compile(
+    r"authentication failed|no password supplied|password is required|pg_hba\.conf|"
+    r'role "[^"]*" does not exist|database "[^"]*" does not exist|'
+    r"permission denied for database|certificate",
+    re.IGNORECASE,
+)
+
+
+def db_error(e: BaseException, doing: str, url: str) -> TxnError | None:
+    """The package's error for a psycopg error users meet, saying what to do; None for
+    any other. Raise it ``from e``: the database's own error stays the cause."""
+    import psycopg
+    from psycopg import errors as pe
+
+    if not isinstance(e, psycopg.Error):
+        return None
+    where = f"the database at {redact(url)}"
+    text = " ".join(str(e).split())
+    head = f"txn-postgres: {doing}: {text} ({where})"
+    if isinstance(e, pe.OutOfMemory) and "prepared transactions" in text:
+        return ConfigError(
+            f"{head}. Every write task of a batch holds one prepared transaction until "
+            "phase 2, and other queries and applications hold theirs: raise the server's "
+            "max_prepared_transactions (postgresql.conf or ALTER SYSTEM, then restart the "
+            "server) to the write tasks of all queries writing at once, or write fewer "
+            "partitions (df.coalesce(n)) before the sink"
+        )
+    if isinstance(e, (pe.UndefinedTable, pe.InvalidSchemaName)):
+        return ConfigError(
+            f"{head}. A table (or schema) the sink uses was dropped or renamed: create it "
+            "again, or restart the query with createTable=true (the bookkeeping tables "
+            f"{COMMITS_TABLE} and {BATCHES_TABLE} are made again when the query starts)"
+        )
+    if isinstance(e, pe.InsufficientPrivilege):
+        return ConfigError(
+            f"{head}. The sink's user needs USAGE on the schema; SELECT and INSERT (and "
+            f"UPDATE for mode=upsert) on the table; SELECT, INSERT and DELETE on "
+            f"{COMMITS_TABLE} and {BATCHES_TABLE}; CREATE on the schema where createTable "
+            "or the bookkeeping tables must create something"
+        )
+    if isinstance(
+        e, (pe.SerializationFailure, pe.DeadlockDetected, pe.LockNotAvailable, pe.QueryCanceled)
+    ):
+        return TargetBusyError(
+            f"{head}. Concurrent work on the same rows or tables, or a lock_timeout or "
+            "statement_timeout of the server or the user, made the database give up; the "
+            "step was rolled back and running it again is safe. If it keeps failing, look "
+            "for long transactions holding locks (pg_locks, pg_stat_activity) or raise "
+            "those timeouts for the sink's user"
+        )
+    if isinstance(e, (pe.InvalidAuthorizationSpecification, pe.InvalidCatalogName)) or (
+        isinstance(e, psycopg.OperationalError) and e.sqlstate is None and _LOGIN.search(text)
+    ):
+        return ConfigError(
+            f"{head}. Check the user, the database name and the password (the URL, "
+            "passwordFile, PGPASSWORD or ~/.pgpass) and the server's pg_hba.conf"
+        )
+    if isinstance(e, psycopg.OperationalError):
+        return TargetUnavailableError(
+            f"{head}. The database cannot be reached now. Nothing decided is lost: once "
+            "it is back, restart the query; recovery commits or rolls back what is prepared"
+        )
+    if isinstance(e, (psycopg.IntegrityError, psycopg.DataError)):
+        return TargetError(
+            f"{head}. The database refused the rows; nothing of this batch is committed. "
+            "Fix the data in the query (or the table's constraint), then restart the query"
+        )
+    return None
+
+
+def raise_db_error(e: BaseException, doing: str, url: str) -> NoReturn:
+    """Raise ``db_error``'s error from ``e``, or ``e`` itself when it has none."""
+    err = db_error(e, doing, url)
+    if err is None:
+        raise e
+    raise err from e
+
+
 @dataclass(frozen=True)
 class Connector:
     """How to reach the server: plain data that travels to executors."""
@@ -126,7 +227,9 @@ class Connector:
     def __repr__(self) -> str:
         return f"Connector({redact(self.url)!r}, password_file={self.password_file!r})"
 
-    def connect(self, autocommit: bool = True):
+    def connect(self, autocommit: bool = True, doing: str = "connecting"):
+        """A connection; failing to make one is a ``ConfigError`` (login refused) or a
+        ``TargetUnavailableError`` (anything else)."""
         import psycopg
 
         kw: dict[str, Any] = {"autocommit": autocommit, "application_name": "pyspark-txn"}
@@ -137,8 +240,11 @@ class Connector:
             except OSError as e:
                 raise ConfigError(
                     f"option passwordFile={self.password_file!r} cannot be read here: {e}"
-                ) from None
-        return psycopg.connect(self.url, **kw)
+                ) from e
+        try:
+            return psycopg.connect(self.url, **kw)
+        except psycopg.Error as e:
+            raise_db_error(e, doing, self.url)
 
 
 # --- types -------------------------------------------------------------------------
@@ -366,7 +472,7 @@ def stage_partition(
     target = _ident(cfg.schema, cfg.table)
     stage = _ident(cfg.schema, "pyspark_txn_stage_" + hashlib.sha1(gid.encode()).hexdigest()[:20])
     rows = nbytes = 0
-    conn = cfg.connector.connect(autocommit=False)
+    conn = cfg.connector.connect(autocommit=False, doing=f"partition {partition}: connecting")
     try:
         with conn.cursor() as cur:
             cur.execute(
@@ -437,13 +543,17 @@ def stage_partition(
             "row with the same key in its prepared transaction: repartition the stream by "
             f"keyColumns ({', '.join(cfg.key_columns)}) before the sink, or an application "
             "outside the sink holds the lock"
-        ) from None
-    except BaseException:
+        ) from e
+    except BaseException as e:
         try:
             conn.rollback()
         except Exception:  # the connection is gone: so is the transaction
             pass
-        raise
+        raise_db_error(
+            e,
+            f"partition {partition} of snapshot {snapshot_id} into {cfg.schema}.{cfg.table}",
+            cfg.connector.url,
+        )
     finally:
         conn.close()
     return [TxnHandle(partition, gid, rows, nbytes, f"rows:{rows}", {})]
@@ -641,6 +751,14 @@ def resolve_columns(
 class PostgresTarget(Target):
     """Phase 2 on a PostgreSQL database: ``COMMIT PREPARED`` / ``ROLLBACK PREPARED``."""
 
+    terms = TargetTerms(
+        "postgres",
+        "prepared transaction",
+        "prepared transactions",
+        f"batch {{}} marked in {BATCHES_TABLE}",
+        "no batch marked",
+    )
+
     def __init__(
         self,
         connector: Connector,
@@ -665,18 +783,42 @@ class PostgresTarget(Target):
     def conn(self):
         """One autocommit connection, reopened after a failure (retries start afresh)."""
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = self.connector.connect(autocommit=True)
+            self._conn = self.connector.connect(
+                autocommit=True, doing=f"sink {self.sink_id!r}: connecting"
+            )
         return self._conn
 
-    def _q(self, query, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple]:
+    def _run(self, query, params: Sequence[Any] | Mapping[str, Any] = (), *, doing: str):
+        """Execute one statement; the database's errors users meet come out as the
+        package's (``db_error``). Returns the cursor."""
         import psycopg
 
         try:
-            cur = self.conn().execute(query, params)
-            return cur.fetchall() if cur.description else []
-        except psycopg.OperationalError:
-            self.close()
+            return self.conn().execute(query, params)
+        except psycopg.Error as e:
+            if isinstance(e, psycopg.OperationalError):
+                self.close()
+            raise_db_error(e, f"sink {self.sink_id!r}: {doing}", self.connector.url)
+
+    def _q(
+        self,
+        query,
+        params: Sequence[Any] | Mapping[str, Any] = (),
+        *,
+        doing: str,
+        missing_ok: bool = False,
+    ) -> list[tuple]:
+        """Rows of one statement; ``missing_ok``: none when a bookkeeping table is missing
+        (no batch of any sink was committed in this schema yet)."""
+        try:
+            cur = self._run(query, params, doing=doing)
+        except ConfigError as e:
+            from psycopg import errors as pe
+
+            if missing_ok and isinstance(e.__cause__, pe.UndefinedTable):
+                return []
             raise
+        return cur.fetchall() if cur.description else []
 
     def _marker(self, name: str):
         return _ident(self.schema, name)
@@ -688,55 +830,82 @@ class PostgresTarget(Target):
             "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
             "AND left(gid, %s) = %s",
             (len(prefix), prefix),
+            doing="listing its prepared transactions",
         )
         return [r[0] for r in rows]
 
+    def attempt_txns(self, snapshot_id: int, token: str) -> list[str]:
+        """The prepared transactions of one attempt now (gids)."""
+        return sorted(self._prepared(attempt_prefix(self.sink_id, snapshot_id, token)))
+
+    def prepared_txns(self) -> list[str]:
+        """Every prepared transaction of this sink now (gids), whatever its attempt."""
+        return sorted(self._prepared(f"{GID_PREFIX}:{self.sink_id}:"))
+
     def _committed_rows(self, gids: Sequence[str]) -> dict[str, int]:
-        import psycopg
         from psycopg import sql
 
         if not gids:
             return {}
-        try:
-            rows = self._q(
-                sql.SQL("SELECT gid, rows FROM {} WHERE gid = ANY(%s)").format(
-                    self._marker(COMMITS_TABLE)
-                ),
-                (list(gids),),
-            )
-        except psycopg.errors.UndefinedTable:
-            return {}
+        rows = self._q(
+            sql.SQL("SELECT gid, rows FROM {} WHERE gid = ANY(%s)").format(
+                self._marker(COMMITS_TABLE)
+            ),
+            (list(gids),),
+            doing=f"reading {COMMITS_TABLE}",
+            missing_ok=True,
+        )
         return {g: n for g, n in rows}
 
+    def txn_states(self, record: SnapshotRecord) -> dict[str, tuple[str, int | None]]:
+        """Each gid of ``record``: ``committed`` (its marker row, with the rows it counts),
+        ``prepared`` or ``missing`` (neither: rolled back outside the sink, or lost)."""
+        prepared = set(
+            self._prepared(attempt_prefix(self.sink_id, record.snapshot_id, record.token))
+        )
+        # after the prepared list: a commit in between shows up as committed, not missing
+        committed = self._committed_rows([t.handle for t in record.txns])
+        out: dict[str, tuple[str, int | None]] = {}
+        for t in record.txns:
+            if t.handle in committed:
+                out[t.handle] = ("committed", committed[t.handle])
+            else:
+                out[t.handle] = ("prepared" if t.handle in prepared else "missing", None)
+        return out
+
     def committed_batch(self, sink_id: str) -> int | None:
-        import psycopg
         from psycopg import sql
 
-        try:
-            rows = self._q(
-                sql.SQL("SELECT max(batch_id) FROM {} WHERE sink_id = %s").format(
-                    self._marker(BATCHES_TABLE)
-                ),
-                (sink_id,),
-            )
-        except psycopg.errors.UndefinedTable:
-            return None
+        rows = self._q(
+            sql.SQL("SELECT max(batch_id) FROM {} WHERE sink_id = %s").format(
+                self._marker(BATCHES_TABLE)
+            ),
+            (sink_id,),
+            doing=f"reading {BATCHES_TABLE}",
+            missing_ok=True,
+        )
         return rows[0][0] if rows else None
 
-    def _batch_record(self, batch_id: int) -> str | None:
-        import psycopg
+    def batch_record(self, batch_id: int) -> str | None:
+        """The record id that committed ``batch_id`` of this sink, per its batch row."""
         from psycopg import sql
 
-        try:
-            rows = self._q(
-                sql.SQL("SELECT record_id FROM {} WHERE sink_id = %s AND batch_id = %s").format(
-                    self._marker(BATCHES_TABLE)
-                ),
-                (self.sink_id, batch_id),
-            )
-        except psycopg.errors.UndefinedTable:
-            return None
+        rows = self._q(
+            sql.SQL("SELECT record_id FROM {} WHERE sink_id = %s AND batch_id = %s").format(
+                self._marker(BATCHES_TABLE)
+            ),
+            (self.sink_id, batch_id),
+            doing=f"reading {BATCHES_TABLE}",
+            missing_ok=True,
+        )
         return rows[0][0] if rows else None
+
+    def table_exists(self) -> bool:
+        from psycopg import sql
+
+        name = sql.Identifier(self.schema, self.table).as_string(self.conn())
+        rows = self._q("SELECT to_regclass(%s) IS NOT NULL", (name,), doing="finding its table")
+        return bool(rows and rows[0][0])
 
     def staged_attempts(self) -> set[tuple[int, str]]:
         out = set()
@@ -768,20 +937,18 @@ class PostgresTarget(Target):
             )
 
     def check_new_sink(self, sink_id: str, query_id: str | None) -> None:
-        import psycopg
         from psycopg import sql
 
         if query_id is None:
             return
-        try:
-            rows = self._q(
-                sql.SQL(
-                    "SELECT sink_id, batch_id FROM {} WHERE query_id = %s AND sink_id <> %s LIMIT 1"
-                ).format(self._marker(BATCHES_TABLE)),
-                (query_id, sink_id),
-            )
-        except psycopg.errors.UndefinedTable:
-            return
+        rows = self._q(
+            sql.SQL(
+                "SELECT sink_id, batch_id FROM {} WHERE query_id = %s AND sink_id <> %s LIMIT 1"
+            ).format(self._marker(BATCHES_TABLE)),
+            (query_id, sink_id),
+            doing=f"reading {BATCHES_TABLE}",
+            missing_ok=True,
+        )
         if rows:
             raise CheckpointMismatchError(
                 f"table {self.schema}.{BATCHES_TABLE} holds batch {rows[0][1]} of streaming "
@@ -791,6 +958,45 @@ class PostgresTarget(Target):
                 "a new query with a new checkpoint."
             )
 
+    def abandon_refusal(self, record: SnapshotRecord) -> str | None:
+        """Refuse while phase 2 can still finish (every gid prepared or committed: a restart
+        commits the rest) and once it has begun (a committed gid's rows are visible: a
+        replay would write them again). Only a batch none of whose transactions committed
+        and one of which is gone can be replayed afresh."""
+        states = self.txn_states(record)
+        committed = sorted(g for g, (st, _) in states.items() if st == "committed")
+        missing = sorted(g for g, (st, _) in states.items() if st == "missing")
+        prepared = len(states) - len(committed) - len(missing)
+        if committed and missing:
+            return (
+                f"phase 2 has begun and cannot finish: {len(committed)} of its "
+                f"{len(states)} prepared transactions are committed (their rows are in "
+                f"{self.schema}.{self.table}) and {missing} are neither prepared nor "
+                "committed (rolled back outside the sink, or the database was restored). "
+                "Abandoning would replay the whole batch and write the committed partitions' "
+                "rows again. To replay it anyway, first delete those rows and their marker "
+                f"rows (DELETE FROM {self.schema}.{COMMITS_TABLE} WHERE gid IN (...)) for "
+                f"{committed}, then abandon"
+            )
+        if committed:
+            return (
+                f"phase 2 has begun: {len(committed)} of its {len(states)} prepared "
+                f"transactions are committed and the other {prepared} are still prepared; "
+                "restart the query and recovery commits them (abandoning would lose the rows "
+                "of those partitions)"
+            )
+        if not missing:
+            what = (
+                f"all {prepared} of its prepared transactions are still prepared"
+                if states
+                else "it has no prepared transaction"
+            )
+            return (
+                f"{what}, so its phase 2 can still commit: restart the query and recovery "
+                "commits it"
+            )
+        return None
+
     # --- phase 2 ---
 
     def commit(self, record: SnapshotRecord) -> int | None:
@@ -798,7 +1004,7 @@ class PostgresTarget(Target):
         then mark the batch. Returns the batch id as the target's version."""
         from psycopg import sql
 
-        own = self._batch_record(record.batch_id)
+        own = self.batch_record(record.batch_id)
         if own is not None:
             if own != record.record_id:
                 raise self._not_ours(
@@ -810,11 +1016,14 @@ class PostgresTarget(Target):
             raise self._not_ours(record, f"batch {top} > {record.batch_id} is committed")
         done = self._committed_rows([t.handle for t in record.txns])
         for i, t in enumerate(record.txns):
-            if i == 1:
-                self.faults.hit("mid_phase2", record.batch_id)
+            # mid_phase2: right after a COMMIT PREPARED of this attempt's own
+            first_was_ours = i == 1 and record.txns[0].handle not in done
+            if first_was_ours and self.faults.hit("mid_phase2", record.batch_id):
+                self._lose_connection()
             if t.handle not in done:
                 self._commit_gid(record, t.handle)
-        self._q(
+        self._commit_step(
+            record,
             sql.SQL(
                 "INSERT INTO {} (sink_id, batch_id, snapshot_id, record_id, query_id, rows) "
                 "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
@@ -827,11 +1036,46 @@ class PostgresTarget(Target):
                 record.query_id,
                 record.rows,
             ),
+            f"marking batch {record.batch_id} in {BATCHES_TABLE}",
         )
-        own = self._batch_record(record.batch_id)
+        own = self.batch_record(record.batch_id)
         if own != record.record_id:
             raise self._not_ours(record, f"batch {record.batch_id} was committed by record {own}")
         return record.batch_id
+
+    def _lose_connection(self) -> None:
+        """Tests only (fault action ``disconnect``): another session ends this one's, as a
+        network failure or a server restart would; its next statement finds it gone."""
+        pid = self.conn().info.backend_pid
+        with self.connector.connect() as other:
+            other.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+
+    def _commit_step(self, record: SnapshotRecord, query, params: Sequence[Any], what: str):
+        """One durable step of phase 2. A lost connection leaves its outcome unknown:
+        ``IndeterminateTargetCommitError`` (retried; re-reading the markers decides it),
+        never taken for a success or a failure. An error the server answered with is
+        decided: the step did not happen."""
+        import psycopg
+
+        conn = self.conn()  # cannot connect: nothing was sent, TargetUnavailableError
+        try:
+            return conn.execute(query, params)
+        except psycopg.errors.UndefinedObject:
+            raise
+        except psycopg.Error as e:
+            if conn.broken or conn.closed:
+                self.close()
+                raise IndeterminateTargetCommitError(
+                    f"sink {self.sink_id!r}, batch {record.batch_id} (snapshot "
+                    f"{record.snapshot_id}): the connection to {redact(self.connector.url)} "
+                    f"was lost while {what} ({' '.join(str(e).split())}); whether it "
+                    "happened is unknown until the database is read again. The record is "
+                    "safe: the next attempt, batch or start of the query reads the markers "
+                    "and finishes phase 2 exactly once"
+                ) from e
+            raise_db_error(
+                e, f"sink {self.sink_id!r}, batch {record.batch_id}: {what}", self.connector.url
+            )
 
     def _commit_gid(self, record: SnapshotRecord, gid: str) -> None:
         import psycopg
@@ -843,7 +1087,12 @@ class PostgresTarget(Target):
                 "which is not one of its prepared transactions"
             )
         try:
-            self._q(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)))
+            self._commit_step(
+                record,
+                sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)),
+                (),
+                f"committing prepared transaction {gid}",
+            )
             return
         except psycopg.errors.UndefinedObject:
             pass  # gone from pg_prepared_xacts: committed by someone else, or lost
@@ -871,7 +1120,46 @@ class PostgresTarget(Target):
             if gid in kept:
                 continue
             try:
-                self._q(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+                self._run(
+                    sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)),
+                    doing=f"rolling back {gid}",
+                )
                 log.info("sink %s: rolled back prepared transaction %s", self.sink_id, gid)
             except psycopg.errors.UndefinedObject:
                 pass  # rolled back (or committed) meanwhile
+
+    # --- bookkeeping ---
+
+    def prune(self, floor: int) -> None:
+        """Delete this sink's marker rows and batch rows of snapshot ids below ``floor``,
+        always keeping its newest batch row (``committed_batch``, ``check_new_sink``).
+
+        Each DELETE is one autocommit statement: a crash leaves all or none, and the
+        next summary prunes again. Prepared transactions' own marker rows are not
+        visible to it (and are above the floor)."""
+        from psycopg import sql
+
+        commits = self._run(
+            sql.SQL("DELETE FROM {} WHERE sink_id = %s AND snapshot_id < %s").format(
+                self._marker(COMMITS_TABLE)
+            ),
+            (self.sink_id, floor),
+            doing=f"pruning {COMMITS_TABLE}",
+        ).rowcount
+        batches = self._run(
+            sql.SQL(
+                "DELETE FROM {t} WHERE sink_id = %s AND snapshot_id < %s "
+                "AND batch_id < (SELECT max(batch_id) FROM {t} WHERE sink_id = %s)"
+            ).format(t=self._marker(BATCHES_TABLE)),
+            (self.sink_id, floor, self.sink_id),
+            doing=f"pruning {BATCHES_TABLE}",
+        ).rowcount
+        log.info(
+            "sink %s: pruned %d rows of %s and %d of %s below snapshot %d",
+            self.sink_id,
+            commits,
+            COMMITS_TABLE,
+            batches,
+            BATCHES_TABLE,
+            floor,
+        )

@@ -16,9 +16,10 @@ import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
-from ..errors import CheckpointMismatchError, TxnError
+from ..errors import CheckpointMismatchError, IndeterminateCommitError, TxnError
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import (
     Event,
@@ -29,6 +30,7 @@ from ..state import (
     TxnHandle,
     abandon,
     allocate,
+    bookkeeping_floor,
     dead_snapshots,
     decide,
     fold_sink,
@@ -70,6 +72,24 @@ def _remember_phase2(record_id: str, version: int | None) -> None:
             _PHASE2_DONE.popitem(last=False)
 
 
+@dataclass(frozen=True)
+class TargetTerms:
+    """How messages name a target's things, so that code shared by every target speaks
+    of files and table versions only for Delta."""
+
+    kind: str  # kept in records (``target.kind``): how tools tell targets apart
+    txn: str  # one staged txn, e.g. "file"
+    txns: str  # several
+    version: str  # what ``commit`` returns, "{}" standing for the number
+    no_version: str  # what a commit that returned None did
+
+    def count(self, n: int) -> str:
+        return f"{n} {self.txn if n == 1 else self.txns}"
+
+    def committed_as(self, version: int | None) -> str:
+        return self.no_version if version is None else self.version.format(version)
+
+
 class Target(ABC):
     """Where phase 2 makes staged data visible. Every method must be idempotent.
 
@@ -77,6 +97,10 @@ class Target(ABC):
     allocation they were staged for, so two sinks that share an id never
     mistake each other's artifacts for their own.
     """
+
+    terms: ClassVar[TargetTerms] = TargetTerms(
+        "target", "staged txn", "staged txns", "target version {}", "no target version"
+    )
 
     @abstractmethod
     def committed_batch(self, sink_id: str) -> int | None:
@@ -116,16 +140,42 @@ class Target(ABC):
         """Drop what finds an attempt's artifacts (markers) once no task of it can write:
         committed data stays; ``staged_attempts`` no longer lists the attempt."""
 
+    def abandon_refusal(self, record: SnapshotRecord) -> str | None:
+        """Why withdrawing the safe ``record`` now would lose or duplicate data although
+        ``committed_batch`` does not hold its batch (phase 2 has begun, or can still
+        finish), else None. Targets whose phase 2 is one atomic step have no such case."""
+        return None
+
+    def prune(self, floor: int) -> None:  # noqa: B027 - optional hook
+        """Drop bookkeeping of snapshot ids below ``floor``: the record table keeps no
+        record of them any more, and none was pending (retention keeps those)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; the target may be used again afterwards."""
+
 
 def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T:
-    """Retry an idempotent step; the last error propagates (recovery redoes it)."""
+    """Retry an idempotent step; the last error propagates (recovery redoes it).
+
+    Decided errors (a ``TxnError`` that is not ``retryable``) are not retried. An
+    outcome one attempt left unknown stays unknown unless a later attempt decides it:
+    a retry that cannot even reach the target ends in ``IndeterminateCommitError``.
+    """
+    unknown: IndeterminateCommitError | None = None
     for attempt in range(attempts):
         try:
             return fn()
-        except TxnError:
-            raise
         except Exception as e:
+            if isinstance(e, TxnError) and not e.retryable:
+                raise
+            if isinstance(e, IndeterminateCommitError):
+                unknown = e
             if attempt == attempts - 1:
+                if unknown is not None and e is not unknown:
+                    raise IndeterminateCommitError(
+                        f"{what}: {unknown} The {attempts - 1} retries could not decide it "
+                        f"({type(e).__name__}: {e})"
+                    ) from unknown
                 raise
             log.warning("%s failed (attempt %d/%d): %r", what, attempt + 1, attempts, e)
             time.sleep(backoff_s * 2**attempt)
@@ -259,16 +309,17 @@ class TwoPhaseCommitter:
         self.faults.hit("after_record", batch_id)
         recorded = time.perf_counter()
         state, version = self._phase2(state, record, confirm=False)
+        terms = self.target.terms
         log.info(
-            "sink %s: batch %d committed as snapshot %d: %d rows, %d files, %d bytes, "
+            "sink %s: batch %d committed as snapshot %d: %d rows, %s, %d bytes, "
             "%s; decide %.0f ms, record %.0f ms, phase 2 %.0f ms",
             self.sink_id,
             batch_id,
             snapshot_id,
             record.rows,
-            len(record.txns),
+            terms.count(len(record.txns)),
             sum(t.bytes for t in record.txns),
-            "no Delta commit (empty batch)" if version is None else f"table version {version}",
+            terms.committed_as(version),
             (decided - started) * 1000,
             (recorded - decided) * 1000,
             (time.perf_counter() - recorded) * 1000,
@@ -296,8 +347,9 @@ class TwoPhaseCommitter:
         return record
 
     def _summarize(self, state: SinkState) -> None:
-        """Bound the history: write a summary, then delete the events it restates."""
-        event, _ = self._update(
+        """Bound the history: write a summary, then delete the events it restates, then
+        the target's bookkeeping of the records the summary dropped."""
+        event, state = self._update(
             lambda s: summarize(s, self.retain_snapshots, self.summary_window_ids), state
         )
         log.info(
@@ -310,6 +362,12 @@ class TwoPhaseCommitter:
             self.store.log.truncate(self.sink_id, event.seq)
         except Exception as e:  # the summary is safe; deleting is housekeeping
             log.warning("sink %s: deleting summarized events failed: %r", self.sink_id, e)
+        floor = bookkeeping_floor(state)
+        if floor is not None:
+            try:
+                self.target.prune(floor)
+            except Exception as e:  # housekeeping too: the next summary prunes again
+                log.warning("sink %s: pruning the target's bookkeeping failed: %r", self.sink_id, e)
 
     def _recover(self, state: SinkState, query_id: str | None) -> SinkState:
         """A new run took over: check the target, finish safe records, sweep the dead."""
@@ -497,6 +555,13 @@ class TwoPhaseCommitter:
                     f"sink {self.sink_id!r}: the target already holds batch {committed} "
                     f">= {rec.batch_id}; snapshot {snapshot_id} cannot be abandoned"
                 )
+            if snapshot_id not in state.abandoned and snapshot_id not in state.committed:
+                refusal = self.target.abandon_refusal(rec)
+                if refusal is not None:
+                    raise TxnError(
+                        f"sink {self.sink_id!r}: snapshot {snapshot_id} cannot be abandoned: "
+                        f"{refusal}"
+                    )
         _, state = self._update(lambda s: abandon(s, snapshot_id, reason), state)
         token = state.allocations.get(snapshot_id)
         if token is not None:  # the query is stopped (documented): no task can still write

@@ -946,6 +946,18 @@ def summarize(state: SinkState, retain_snapshots: int, window_ids: int = 2 * SET
     )
 
 
+def bookkeeping_floor(state: SinkState) -> int | None:
+    """The oldest snapshot id the record table still holds a record of; None if none.
+
+    A target's bookkeeping of older ids (PostgreSQL's marker and batch rows) serves
+    nobody: :func:`summarize` drops a record only after its phase 2 is confirmed and
+    never a pending one, so no older id is committed, verified or listed again. The
+    floor never falls, so a stale state (a zombie run) yields a lower one: it prunes
+    less, never more.
+    """
+    return min((r.snapshot_id for r in state.records.values()), default=None)
+
+
 # --- named snapshots ---------------------------------------------------------
 
 

@@ -461,6 +461,14 @@ def test_cli_records_still_works(sink, capsys):
     assert "reason: test" in out
 
 
+def test_cli_database_options_are_for_postgres_sinks_and_records_names_the_target(sink, capsys):
+    code, _, err = run_cli(capsys, "status", sink.chk, "--url", "postgresql://u@db/x")
+    assert code == 2 and "--url and --password-file apply to txn-postgres sinks" in err
+    code, out, _ = run_cli(capsys, "records", sink.chk)
+    assert code == 0 and f"target: Delta table {sink.target}" in out
+    assert admin.open_sink(sink.chk).kind == admin.DELTA
+
+
 @pytest.mark.parametrize(
     "command, expected",
     [("stuck", "--json"), ("abandon", "--snapshot"), ("verify", "--json"), ("records", "--sink")],

@@ -6,6 +6,7 @@ Then what only the Delta target checks before a record is written."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pyarrow as pa
@@ -17,7 +18,15 @@ from pyspark_txn.errors import CheckpointMismatchError, ConfigError, CorruptSnap
 from pyspark_txn.sinks.delta import DeltaSinkOptions
 from pyspark_txn.sinks.delta_target import check_writable_schema, schema_to_b64
 from pyspark_txn.sinks.staging import stage_partition
-from pyspark_txn.state import SnapshotKind, SnapshotRecord, TxnHandle, new_token
+from pyspark_txn.sinks.twophase import TargetTerms, TwoPhaseCommitter
+from pyspark_txn.state import (
+    MemoryEventLog,
+    RecordStore,
+    SnapshotKind,
+    SnapshotRecord,
+    TxnHandle,
+    new_token,
+)
 
 SINK = "sink-a"
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.string())])
@@ -70,8 +79,12 @@ class Stager:
             )
         return stage_partition([batch], self.staging, sid, token, partition, SCHEMA)
 
-    def record(self, sid, token, batch, txns, **kw):
+    def meta(self):
+        """The target metadata a sink records with each batch."""
         base = self.target.base_version() if self.kind == "delta" else None
+        return {"arrow_schema": schema_to_b64(SCHEMA), "base_version": base}
+
+    def record(self, sid, token, batch, txns, **kw):
         return SnapshotRecord(
             sink_id=SINK,
             snapshot_id=sid,
@@ -79,7 +92,7 @@ class Stager:
             epoch=1,
             kind=SnapshotKind.AUTOMATIC,
             txns=tuple(txns),
-            target={"arrow_schema": schema_to_b64(SCHEMA), "base_version": base},
+            target=self.meta(),
             token=token,
             **kw,
         )
@@ -142,6 +155,57 @@ def test_same_snapshot_id_other_token_is_another_attempt(stager):
     h2 = stager.stage(3, t2, [2])
     stager.target.discard(3, t1)
     stager.target.verify_staged(3, t2, h2)
+
+
+def test_the_committers_messages_speak_the_targets_terms(stager, caplog):
+    """Files and table versions only for Delta: the shared committer's log line takes
+    its words from the target."""
+    terms = stager.target.terms
+    assert isinstance(terms, TargetTerms)
+    assert terms.kind == {"memory": "target", "delta": "delta", "postgres": "postgres"}[stager.kind]
+    committer = TwoPhaseCommitter(RecordStore(MemoryEventLog()), stager.target, SINK)
+    sid, tok = committer.allocate()
+    txns = stager.stage(sid, tok, [1, 2]) + stager.stage(sid, tok, [3], partition=1)
+    with caplog.at_level(logging.INFO, logger="pyspark_txn.sinks.twophase"):
+        committer.commit(0, sid, tok, txns, run_id="r", query_id="q", target_meta=stager.meta())
+    (line,) = [r.getMessage() for r in caplog.records if "committed as snapshot" in r.getMessage()]
+    assert f"3 rows, {terms.count(2)}, " in line and terms.version.split("{}")[0] in line
+    if stager.kind != "delta":
+        assert "file" not in line and "table version" not in line
+    assert stager.rows() == [1, 2, 3]
+
+
+def test_pruning_keeps_what_committed_batch_and_a_repeated_commit_need(stager):
+    """``prune(floor)`` drops bookkeeping of snapshots below the floor only: the sink's
+    committed batch, the rows and the phase 2 of a record at the floor are untouched."""
+    records, versions = [], []
+    for b in range(3):
+        tok = new_token()
+        rec = stager.record(b, tok, b, stager.stage(b, tok, [10 * b, 10 * b + 1]))
+        versions.append(stager.target.commit(rec))
+        records.append(rec)
+    rows = stager.rows()
+    for _ in range(2):  # idempotent
+        stager.target.prune(2)
+        stager.target.close()  # and usable again after close
+        assert stager.target.committed_batch(SINK) == 2
+        assert stager.target.commit(records[-1]) == versions[-1]
+        assert stager.rows() == rows
+
+
+def test_abandon_refusal_of_a_staged_record(stager):
+    """A target whose phase 2 is one atomic commit never refuses; PostgreSQL refuses
+    while every prepared transaction could still commit."""
+    tok = new_token()
+    txns = stager.stage(0, tok, [1]) + stager.stage(0, tok, [2], partition=1)
+    rec = stager.record(0, tok, 0, txns)
+    refusal = stager.target.abandon_refusal(rec)
+    if stager.kind != "postgres":
+        assert refusal is None
+        return
+    assert "all 2 of its prepared transactions are still prepared" in refusal
+    stager.target.discard(0, tok, keep=[txns[0].handle])  # one rolled back behind its back
+    assert stager.target.abandon_refusal(rec) is None
 
 
 # --- the Delta target's checks before the record ---------------------------------------

@@ -7,18 +7,28 @@ protocol is ``TwoPhaseCommitter`` with a Delta record table, as in the sink.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 from decimal import Decimal
 
 import psycopg
 import pyarrow as pa
 import pytest
+from support import run_cli_process
 
-from pyspark_txn.errors import CheckpointMismatchError, ConfigError, CorruptSnapshotError
+from pyspark_txn.errors import (
+    CheckpointMismatchError,
+    ConfigError,
+    CorruptSnapshotError,
+    IndeterminateCommitError,
+    IndeterminateTargetCommitError,
+    TargetBusyError,
+    TargetUnavailableError,
+)
 from pyspark_txn.faults import InjectedFault
 from pyspark_txn.sinks import postgres_target
 from pyspark_txn.sinks.postgres import PostgresSinkOptions
-from pyspark_txn.state import new_token
+from pyspark_txn.state import bookkeeping_floor, new_token, pending_phase2
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.string())])
 
@@ -40,10 +50,12 @@ class Sink:
                 **options,
             }
         )
+        self.opts = self.opts.with_checkpoint_sink_id()  # sink.json names the target
         self.config = self.opts.prepare_table(arrow_schema)
         self.committer = self.opts.committer()
         self.opts.record_store().log.create_if_missing()
         self.batch = 0
+        self.query_id = "q"
 
     def stage(self, sid, tok, partitions, attempt=0):
         txns = []
@@ -58,7 +70,13 @@ class Sink:
         sid, tok = self.committer.allocate()
         txns = self.stage(sid, tok, partitions)
         rec = self.committer.commit(
-            self.batch, sid, tok, txns, run_id=run_id, query_id="q", target_meta={}
+            self.batch,
+            sid,
+            tok,
+            txns,
+            run_id=run_id,
+            query_id=self.query_id,
+            target_meta=self.opts.target_meta(),
         )
         self.batch += 1
         return rec
@@ -72,6 +90,16 @@ class Sink:
 
     def prepared(self):
         return [r[0] for r in self.query("SELECT gid FROM pg_prepared_xacts")]
+
+
+def limited_role(server, schema, grants, name):
+    """A new login role with USAGE on ``schema`` and ``grants`` on its tables; its URL."""
+    role = f"{name}_{schema}"
+    with server.connect() as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        conn.execute(f"GRANT {grants} ON ALL TABLES IN SCHEMA {schema} TO {role}")
+    return f"postgresql://{role}:pw@127.0.0.1:{server.port}/postgres"
 
 
 def rows_of(ids):
@@ -457,12 +485,7 @@ def test_the_numpy_copy_encoder_writes_what_psycopg_writes(pg, tmp_path, nulls):
 def test_a_user_without_create_privileges_writes_into_existing_tables(pg, tmp_path):
     server, schema = pg
     Sink(pg, tmp_path / "owner")  # the owner creates the table and the marker tables
-    role = f"w_{schema}"
-    with server.connect() as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
-        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
-        conn.execute(f"GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA {schema} TO {role}")
-    url = f"postgresql://{role}:pw@127.0.0.1:{server.port}/postgres"
+    url = limited_role(server, schema, "SELECT, INSERT", "w")
     sink = Sink(pg, tmp_path / "writer", url=url)  # createTable=true, tables exist: no DDL
     sink.run_batch([rows_of([1, 2]), rows_of([3])])
     assert [r[0] for r in sink.rows()] == [1, 2, 3]
@@ -493,3 +516,193 @@ def test_gids_name_sink_attempt_and_task_and_parse_back():
 def test_redact_hides_the_password_in_uris_and_keyword_strings():
     assert "pw" not in postgres_target.redact("postgresql://u:pw@h:5432/db")
     assert "pw" not in postgres_target.redact("host=h user=u password=pw dbname=db")
+    kept = postgres_target.without_password("postgresql://u:sekrit@h:5432/db?sslpassword=sekrit")
+    assert "sekrit" not in kept and "password" not in kept and "host=h" in kept
+
+
+# --- database errors users meet, as the package's errors -------------------------------
+
+
+def test_a_refused_login_and_an_unreachable_server_are_named_errors(pg, tmp_path):
+    from pg_server import free_port
+
+    server, schema = pg
+    bad = postgres_target.Connector(server.url.replace(server.password, "wrong-pw"))
+    with pytest.raises(ConfigError, match="password authentication failed") as e:
+        bad.connect()
+    assert isinstance(e.value.__cause__, psycopg.OperationalError)
+    assert "PGPASSWORD" in str(e.value) and "wrong-pw" not in str(e.value)
+    gone = postgres_target.Connector(f"postgresql://txn:pw@127.0.0.1:{free_port()}/postgres")
+    target = postgres_target.PostgresTarget(gone, schema, "t", "pg-sink")
+    with pytest.raises(TargetUnavailableError, match="cannot be reached") as e:
+        target.committed_batch("pg-sink")
+    assert e.value.retryable and isinstance(e.value.__cause__, psycopg.OperationalError)
+
+
+def test_a_dropped_table_and_a_missing_grant_are_config_errors_naming_the_fix(pg, tmp_path):
+    server, schema = pg
+    sink = Sink(pg, tmp_path / "owner")
+    reader = Sink(pg, tmp_path / "reader", url=limited_role(server, schema, "SELECT", "r"))
+    sid, tok = reader.committer.allocate()
+    with pytest.raises(ConfigError, match="SELECT and INSERT") as e:
+        reader.stage(sid, tok, [rows_of([1])])
+    assert isinstance(e.value.__cause__, psycopg.errors.InsufficientPrivilege)
+    with server.connect() as conn:
+        conn.execute(f"DROP TABLE {sink.table}")
+    sid, tok = sink.committer.allocate()
+    with pytest.raises(ConfigError, match="dropped or renamed.*createTable=true") as e:
+        sink.stage(sid, tok, [rows_of([1])])
+    assert isinstance(e.value.__cause__, psycopg.errors.UndefinedTable)
+    assert sink.prepared() == []
+
+
+def test_too_few_prepared_transactions_is_a_config_error_naming_the_setting(tmp_path):
+    from pg_server import PostgresServer, pg_bindir
+
+    server = PostgresServer(pg_bindir(), max_prepared=1)
+    try:
+        sink = Sink((server, "s"), tmp_path)
+        sid, tok = sink.committer.allocate()
+        with pytest.raises(ConfigError, match="raise the server's max_prepared_transactions"):
+            sink.stage(sid, tok, [rows_of([1]), rows_of([2])])  # two write tasks, one slot
+        sink.committer.abort(sid, tok)  # Spark's abort: the first task's one goes
+        assert sink.prepared() == [] and sink.rows() == []
+    finally:
+        server.destroy()
+
+
+def test_lock_and_serialization_failures_are_busy_errors_and_phase_2_finishes_later(pg, tmp_path):
+    """Marking the batch waits on a lock past the user's lock_timeout: phase 2 fails
+    with a retryable TargetBusyError after its retries; the record is safe and the next
+    batch finishes it, exactly once."""
+    server, schema = pg
+    sink = Sink(pg, tmp_path, url=server.url + "?options=-c%20lock_timeout%3D200")
+    sink.run_batch([rows_of([1])])
+    sink.committer.phase2_attempts, sink.committer.backoff_s = 2, 0
+    sid, tok = sink.committer.allocate()
+    txns = sink.stage(sid, tok, [rows_of([2]), rows_of([3])])
+    with server.connect() as holder:  # reads pass, inserts wait
+        holder.execute("BEGIN")
+        holder.execute(f"LOCK TABLE {schema}.pyspark_txn_batches IN SHARE MODE")
+        with pytest.raises(TargetBusyError, match="lock_timeout") as e:
+            sink.committer.commit(1, sid, tok, txns, run_id="r1", query_id="q", target_meta={})
+        assert isinstance(e.value.__cause__, psycopg.errors.LockNotAvailable)
+    assert [r.batch_id for r in pending_phase2(sink.committer.load())] == [1]
+    sink.batch = 2
+    sink.run_batch([rows_of([4])])
+    assert [r[0] for r in sink.rows()] == [1, 2, 3, 4] and sink.prepared() == []
+
+    a, b = server.connect(), server.connect()  # a real serialization failure
+    with a, b:
+        a.execute(f"CREATE TABLE {schema}.ser (x int)")
+        for c in (a, b):
+            c.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+            c.execute(f"SELECT count(*) FROM {schema}.ser").fetchone()
+            c.execute(f"INSERT INTO {schema}.ser VALUES (1)")
+        a.execute("COMMIT")
+        with pytest.raises(psycopg.errors.SerializationFailure) as raw:
+            b.execute("COMMIT")
+    err = postgres_target.db_error(raw.value, "upserting", server.url)
+    assert isinstance(err, TargetBusyError) and err.retryable and server.password not in str(err)
+
+
+def test_a_connection_lost_during_commit_prepared_is_indeterminate_until_read(pg, tmp_path):
+    """The session dies between two COMMIT PREPARED: the second's outcome is unknown.
+    With no retry left that is an IndeterminateCommitError (never a success or a plain
+    failure) and the record stays safe; the next run reads the markers and commits the
+    rest exactly once. With retries, the retry reads them at once."""
+    server, schema = pg
+    sink = Sink(pg, tmp_path / "a", faultInjection="mid_phase2:disconnect@batch=0")
+    sink.committer.phase2_attempts = 1
+    sid, tok = sink.committer.allocate()
+    txns = sink.stage(sid, tok, [rows_of([1]), rows_of([2])])
+    with pytest.raises(IndeterminateTargetCommitError, match="whether it happened is unknown") as e:
+        sink.committer.commit(0, sid, tok, txns, run_id="r1", query_id="q", target_meta={})
+    assert isinstance(e.value, IndeterminateCommitError)
+    assert isinstance(e.value.__cause__, psycopg.OperationalError)
+    assert server.password not in str(e.value)
+    assert len(sink.rows()) == 1 and len(sink.prepared()) == 1
+    assert [r.batch_id for r in pending_phase2(sink.committer.load())] == [0]
+    sink.committer = PostgresSinkOptions.parse(_opts(sink)).committer()
+    sink.batch = 1
+    sink.run_batch([rows_of([3])], run_id="r2")
+    assert [r[0] for r in sink.rows()] == [1, 2, 3] and sink.prepared() == []
+
+    retried = Sink((server, schema + "_b"), tmp_path / "b", faultInjection="mid_phase2:disconnect")
+    retried.committer.backoff_s = 0
+    retried.run_batch([rows_of([1]), rows_of([2])])
+    assert [r[0] for r in retried.rows()] == [1, 2] and retried.prepared() == []
+
+
+# --- pruning the bookkeeping tables ----------------------------------------------------
+
+
+def _bookkeeping(sink, sink_id="pg-sink"):
+    schema = sink.table.split(".")[0]
+    commits = sink.query(
+        f"SELECT snapshot_id FROM {schema}.pyspark_txn_commits WHERE sink_id = %s", (sink_id,)
+    )
+    batches = sink.query(
+        f"SELECT snapshot_id, batch_id FROM {schema}.pyspark_txn_batches WHERE sink_id = %s",
+        (sink_id,),
+    )
+    return sorted(r[0] for r in commits), sorted(batches)
+
+
+def test_bookkeeping_is_pruned_to_the_records_the_record_table_keeps(pg, tmp_path, caplog):
+    """Marker and batch rows of snapshots older than the oldest record the record table
+    keeps (retainSnapshots) go at each summary; another sink's rows and everything a
+    retained record needs stay. A prune that fails (no DELETE grant) never fails a batch
+    and is done again at the next summary."""
+    server, schema = pg
+    other = Sink(pg, tmp_path / "other", sinkId="other")
+    other.query_id = "another query"
+    for _ in range(3):
+        other.run_batch([rows_of([0])])
+    url = limited_role(server, schema, "SELECT, INSERT", "p")
+    sink = Sink(pg, tmp_path / "sink", url=url, retainSnapshots="2")
+    sink.committer.summary_window_ids = 2
+    stale = None
+    with caplog.at_level(logging.WARNING, logger="pyspark_txn.sinks.twophase"):
+        for b in range(12):
+            sink.run_batch([rows_of([2 * b]), rows_of([2 * b + 1])])
+            stale = stale or sink.committer.load()
+    assert "pruning the target's bookkeeping failed" in caplog.text and "DELETE" in caplog.text
+    assert len(_bookkeeping(sink)[1]) == 12  # nothing pruned: no DELETE grant
+    with server.connect() as conn:
+        conn.execute(f"GRANT DELETE ON ALL TABLES IN SCHEMA {schema} TO p_{schema}")
+    for b in range(12, 24):
+        sink.run_batch([rows_of([2 * b]), rows_of([2 * b + 1])])
+    state = sink.committer.load()
+    floor = bookkeeping_floor(state)
+    kept = sorted(r.snapshot_id for r in state.records.values())
+    commits, batches = _bookkeeping(sink)
+    assert floor is not None and floor > 12 and kept[0] == floor
+    assert commits == sorted(2 * kept)  # two partitions of every retained record, no more
+    assert [s for s, _ in batches] == kept and batches[-1][1] == 23
+    assert sink.committer.target.committed_batch("pg-sink") == 23
+    for rec in state.records.values():  # phase 2 of every retained record is still a no-op
+        assert sink.committer.target.commit(rec) == rec.batch_id
+    assert [r[0] for r in sink.rows()] == [0, 0, 0, *range(48)]
+    assert _bookkeeping(other, "other") == ([0, 1, 2], [(0, 0), (1, 1), (2, 2)])
+    sink.committer.target.prune(bookkeeping_floor(stale))  # a stale run prunes less, never more
+    assert _bookkeeping(sink) == (commits, batches)
+
+
+def test_abandon_rolls_back_what_tasks_prepared_after_spark_aborted_the_attempt(pg, tmp_path):
+    """A task prepares after abort ran without its commit message: its transaction
+    belongs to an abandoned attempt. ``pyspark-txn abandon`` rolls it back, as the next
+    start's sweep would, without starting the query."""
+    sink = Sink(pg, tmp_path)
+    sink.run_batch([rows_of([1])])
+    sid, tok = sink.committer.allocate()
+    sink.committer.abort(sid, tok)  # Spark's abort, before this task prepared
+    (late,) = sink.stage(sid, tok, [rows_of([2])])
+    env = {"PGPASSWORD": sink.server.password}
+    chk = sink.opts.checkpoint_location
+    code, out, _ = run_cli_process("status", chk, env=env)
+    assert code == 0 and "1 prepared transaction(s) of 1 attempt(s) pending" in out
+    code, out, _ = run_cli_process("abandon", chk, "--snapshot", sid, "--yes", env=env)
+    assert code == 0 and f"snapshot {sid} of sink pg-sink: abandoned" in out
+    assert f"{late.handle}: prepared" in out and "rolled back the 1 prepared" in out
+    assert sink.prepared() == [] and [r[0] for r in sink.rows()] == [1]

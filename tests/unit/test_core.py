@@ -21,6 +21,7 @@ from pyspark_txn.state import (
     TxnHandle,
     abandon,
     allocate,
+    bookkeeping_floor,
     check_invariants,
     dead_snapshots,
     decide,
@@ -28,6 +29,7 @@ from pyspark_txn.state import (
     mark_committed,
     pending_phase2,
     record_snapshot,
+    summarize,
     take_over,
 )
 from pyspark_txn.state.events import FORMAT_VERSION
@@ -227,6 +229,22 @@ def test_pending_phase2_lists_safe_uncommitted_records():
     step(events, allocate)
     s = step(events, lambda s: record_snapshot(s, record(s, 1)))
     assert [r.snapshot_id for r in pending_phase2(s)] == [1]
+
+
+def test_the_bookkeeping_floor_stops_at_a_pending_record_and_only_rises():
+    """What a target may prune (below the floor) is what retention dropped: never a
+    record whose phase 2 is pending, and a stale state's floor is never higher."""
+    events = committed_batches(6)
+    for batch in (6, 7):  # two safe records whose phase 2 is not confirmed
+        step(events, allocate)
+        stale = step(events, lambda s, b=batch: record_snapshot(s, record(s, b)))
+    assert [r.snapshot_id for r in pending_phase2(stale)] == [6, 7]
+    assert bookkeeping_floor(stale) == 0  # nothing summarized yet: the first record
+    events.append(summarize(stale, retain_snapshots=1, window_ids=0))
+    after = check_invariants(SINK, events)
+    assert bookkeeping_floor(after) == 6  # retain=1 alone would keep only 7
+    assert bookkeeping_floor(stale) <= bookkeeping_floor(after)
+    assert bookkeeping_floor(fold_sink(SINK, [])) is None
 
 
 def test_event_rows_round_trip():

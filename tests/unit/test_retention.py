@@ -13,6 +13,7 @@ from pyspark_txn.state import (
     MemoryEventLog,
     RecordStore,
     TxnHandle,
+    bookkeeping_floor,
     fold_sink,
     summarize,
 )
@@ -60,6 +61,20 @@ def test_history_stays_bounded_and_the_table_complete(sink):
     assert max(r for _, r, _ in sizes) <= 3 + 4 + 1
     assert max(a for _, _, a in sizes) <= 3 + 4 + 4
     assert store.events(SINK)[0].seq > 0  # older events were deleted
+
+
+def test_each_summary_prunes_the_targets_bookkeeping_below_the_oldest_kept_record(sink):
+    store, target, committer = sink
+    run_batches(committer, target, 120)
+    state = store.load_sink(SINK)
+    assert len(target.pruned) > 1 and target.pruned == sorted(target.pruned)
+    # no summary since the last prune: the records then are the records now
+    assert (
+        target.pruned[-1]
+        == bookkeeping_floor(state)
+        == min(r.snapshot_id for r in state.records.values())
+    )
+    assert target.rows == list(range(120))
 
 
 def test_a_fold_from_the_summary_equals_the_fold_through_it(sink):
