@@ -504,7 +504,10 @@ class RedisSourceOptions(BrokerConfig):
         self.check_schema(schema)
         arrow_schema = spark_to_arrow_schema(schema)
         if self.payload_format == "json":
-            for f in list(arrow_schema)[2:]:
+            payload = list(arrow_schema)[2:]
+            if self.bad_message_column is not None:
+                payload.pop()
+            for f in payload:
                 _converter(f.type, f.name)  # refuse what JSON cannot fill before starting
         return AcknowledgingStreamReader(
             FORMAT,

@@ -50,7 +50,10 @@ def test_the_claim_log_defaults_to_the_checkpoint():
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"bogus": "1"}, r"unknown option 'bogus'; allowed \(case-insensitive\): .*maxMessagesPerBatch"),
+        (
+            {"bogus": "1"},
+            r"unknown option 'bogus'; allowed \(case-insensitive\): .*maxMessagesPerBatch",
+        ),
         ({"url": None}, "option url is required"),
         ({"url": "http://x"}, "expected a redis://, rediss:// or unix:// URL"),
         ({"stream": " "}, "option stream is required"),
