@@ -846,7 +846,7 @@ class RedisBroker(Broker):
                 except BadMessageError as e:
                     bad[k] = e.reason
                     rows.append(None)
-            return _json_columns(got, rows, payload, bad), bad
+            return _json_columns(rows, payload, bad), bad
 
         return build
 
@@ -854,7 +854,7 @@ class RedisBroker(Broker):
         """badMessages=fail: the first bad message fails the batch; column: a log line."""
         first = min(bad)
         m, why = got[first][0], bad[first]
-        more = f" (and {len(bad) - 1} more in this batch)" if len(bad) > 1 else ""
+        more = f" (and {len(bad) - 1} more in this read task)" if len(bad) > 1 else ""
         if self.cfg.bad_message_column is None:
             raise SourceError(
                 f"{FORMAT}: message {m}: {why}{more}. Its claim is durable, so every replay of "
@@ -966,9 +966,7 @@ def _json_document(message_id: str, raw: Mapping[bytes, bytes], name: str) -> An
     return doc
 
 
-def _json_columns(
-    got: Sequence[tuple[str, list]], rows: list, payload: list, bad: dict[int, str]
-) -> list[Any]:
+def _json_columns(rows: list, payload: list, bad: dict[int, str]) -> list[Any]:
     """The payload columns of converted rows (None: a bad message, null everywhere).
 
     A value Arrow refuses (a decimal with more digits than its column has) is found

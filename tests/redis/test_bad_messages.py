@@ -160,7 +160,7 @@ def test_without_the_option_the_first_bad_message_fails_the_batch(redis_server, 
         list(b.fetch(ids, strict))
     assert str(e.value) == (
         f"txn-redis: message {ids[2]}: field 'doc' is not UTF-8 text ('utf-8' codec can't "
-        "decode byte 0xff in position 0: invalid start byte) (and 9 more in this batch). Its "
+        "decode byte 0xff in position 0: invalid start byte) (and 9 more in this read task). Its "
         "claim is durable, so every replay of this batch fails the same way: set option "
         "badMessages=column to read such messages as rows holding the error (docs/redis.md)"
     )
