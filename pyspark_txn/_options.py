@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from .errors import ConfigError
 
@@ -46,6 +46,7 @@ def reject_unknown_options(
     known: Iterable[str],
     prefixes: Mapping[str, str] | None = None,
     implicit: Iterable[str] = (),
+    hints: Mapping[str, str] | None = None,
 ) -> None:
     """Raise :class:`ConfigError` naming every option in ``given`` that ``known`` (names
     as users spell them; matched case-insensitively, as Spark does) does not have, with
@@ -53,8 +54,11 @@ def reject_unknown_options(
 
     ``prefixes`` maps an accepted prefix (``"fs."``) to how to list it
     (``"fs.<fsspec option>"``); ``implicit`` are names Spark passes itself (``path`` of
-    a source): accepted, never listed.
+    a source): accepted, never listed. ``hints`` maps a name users bring from elsewhere
+    (Spark's ``columnNameOfCorruptRecord``) to what to write instead, which no spelling
+    distance would find.
     """
+    hints = {k.lower(): v for k, v in (hints or {}).items()}
     prefixes = prefixes or {}
     canonical = {name.lower(): name for name in known}
     accepted = set(canonical) | {name.lower() for name in implicit}
@@ -69,6 +73,8 @@ def reject_unknown_options(
     choices = [low for low in canonical if low not in HIDDEN_OPTIONS]
 
     def describe(key: str) -> str:
+        if key.lower() in hints:
+            return f"{key!r} (did you mean {hints[key.lower()]}?)"
         near = difflib.get_close_matches(key.lower(), choices, n=1, cutoff=0.75)
         return f"{key!r} (did you mean {canonical[near[0]]}?)" if near else repr(key)
 
@@ -77,3 +83,21 @@ def reject_unknown_options(
         f"{where}: unknown option{'s' if len(unknown) > 1 else ''} "
         f"{', '.join(describe(k) for k in unknown)}; allowed (case-insensitive): {allowed}"
     )
+
+
+def parse_choice(
+    where: str, opts: Mapping[str, str], option: str, allowed: Sequence[str], default: str
+) -> str:
+    """The value of ``option`` (looked up lowercased in ``opts``, as the formats keep
+    them), lowercased, one of ``allowed``; ``default`` when unset. A ConfigError names the
+    option, the value and what is allowed."""
+    raw = opts.get(option.lower())
+    if raw is None:
+        return default
+    value = str(raw).strip().lower()
+    if value not in allowed:
+        raise ConfigError(
+            f"{where}: option {option}={raw!r}: expected one of {', '.join(allowed)}"
+            f" (default {default})"
+        )
+    return value

@@ -16,8 +16,21 @@ only the Redis calls:
 Message ids in the claim log are ``<stream>/<entry id>``. The group is created
 (with ``MKSTREAM``) from ``startId`` when missing. Rows are ``stream``,
 ``id`` and the payload: ``fields`` (every field as a string map) with
-``payloadFormat=raw``, or the columns of the declared ``schema`` parsed from
-the JSON document in the field ``jsonField`` with ``payloadFormat=json``.
+``payloadFormat=raw``, ``fields`` as ``map<string,binary>`` (values byte for
+byte: protobuf, Avro) with ``payloadFormat=binary``, or the columns of the
+declared ``schema`` parsed from the JSON document in the field ``jsonField``
+with ``payloadFormat=json``.
+
+A claimed message that cannot become a row (not UTF-8, not JSON, a value not
+of its column's type, no value for a NOT NULL column) fails its batch with
+``badMessages=fail`` (the default), and so every replay of it. With
+``badMessages=column`` it becomes a row of its own: payload columns null, and
+``badMessageColumn`` (``struct<error string, fields map<binary,binary>>``)
+holding why and the entry's fields byte for byte. Both are a function of the
+entry alone, so a replay yields the same row and the message is acked with its
+batch like any other. Columns declared NOT NULL in ``schema`` are then checked
+per message (a message without a value is a bad message) and reported
+nullable: a bad message's row holds null there.
 
 The claim log is ``claimLog`` or ``<checkpointLocation>/pyspark_txn/claims``
 (see :mod:`.acknowledging`); its stream is ``redis:<group>``. The consumer
@@ -47,7 +60,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pyspark.sql.datasource import DataSource
 
-from .._options import parse_storage_options, reject_unknown_options
+from .._options import parse_choice, parse_storage_options, reject_unknown_options
 from ..errors import ConfigError, SourceError
 from ..faults import FaultPlan
 from .acknowledging import (
@@ -72,9 +85,14 @@ REDIS_OPTIONS = {
     "blockMs": "wait this long for new messages when none is there (default 0: never wait)",
     "claimIdleMs": "also take over messages pending this long at any consumer of the group "
     "(XAUTOCLAIM; default: off)",
-    "payloadFormat": "raw (default: fields map<string,string>) or json (columns of schema)",
+    "payloadFormat": "raw (default: fields map<string,string>), binary (fields "
+    "map<string,binary>, byte for byte) or json (columns of schema)",
     "schema": "payloadFormat=json: DDL of the payload columns, e.g. 'user string, n int'",
     "jsonField": "payloadFormat=json: the field holding the JSON document (default json)",
+    "badMessages": "fail (default: a message that cannot become a row fails its batch, and "
+    "every replay) or column (it becomes a row: payload null, badMessageColumn set)",
+    "badMessageColumn": "badMessages=column: name of the column struct<error string, fields "
+    "map<binary,binary>> set on bad messages' rows (default _bad_message)",
     "claimLog": "URI of the claim log (a Delta table)",
     "checkpointLocation": "the query's checkpoint; the claim log is then "
     "<checkpointLocation>/pyspark_txn/claims",
@@ -90,7 +108,16 @@ REDIS_OPTIONS = {
     "faultInjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
 }
 _OPTION_NAMES = {k.lower(): k for k in REDIS_OPTIONS}
-PAYLOAD_FORMATS = ("raw", "json")
+#: Spark's own readers' names for bad records, which users try first.
+_SPARK_HINTS = {
+    "mode": "badMessages (fail or column, as Spark's FAILFAST or PERMISSIVE)",
+    "columnNameOfCorruptRecord": "badMessageColumn, with badMessages=column",
+}
+PAYLOAD_FORMATS = ("raw", "binary", "json")
+BAD_MESSAGES = ("fail", "column")
+DEFAULT_BAD_MESSAGE_COLUMN = "_bad_message"
+BAD_MESSAGE_TYPE = "struct<error: string, fields: map<binary,binary>>"
+_FIELDS_DDL = {"raw": "fields map<string,string>", "binary": "fields map<string,binary>"}
 _ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
 _CHUNK = 1000  # ids per pipelined round trip
 _FETCH_ROWS = 10_000  # messages per Arrow batch a read task yields
@@ -170,6 +197,82 @@ def _bool(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
     return value == "true"
 
 
+def _quote(name: str) -> str:
+    """A column name as a DDL identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+_NOT_NULL = re.compile(r"(?i)\bnot\s+null\b")
+_COLUMN_NAME = re.compile(r"(`(?:[^`]|``)*`|[^\s:`]+)")
+
+
+@dataclass(frozen=True)
+class _SchemaColumns:
+    names: tuple[str, ...]
+    not_null: tuple[str, ...]  # top-level columns declared NOT NULL
+    nullable_ddl: str  # the DDL without them
+
+
+def _schema_columns(ddl: str) -> _SchemaColumns:
+    """The top-level columns of the ``schema`` option, which ones are NOT NULL, and the DDL
+    with those NOT NULLs taken out.
+
+    A source reports its schema as DDL and Spark parses it where no Python parser is at
+    hand, so this only finds ``NOT NULL`` outside quotes, comments and nested types
+    (``struct<a: int NOT NULL>`` stays: a bad row's struct is null as a whole). Should it
+    miss one, the reader refuses the schema Spark parsed (``check_schema``).
+    """
+    masked, depth, i, n = [], 0, 0, len(ddl)
+    while i < n:
+        c = ddl[i]
+        end, mask = -1, "\0"
+        if c in "`'\"":  # `a``b`, 'it\'s': masked, they may hold anything
+            end = i + 1
+            while end < n and ddl[end] != c:
+                end += 2 if c != "`" and ddl[end] == "\\" else 1
+        elif ddl.startswith("--", i):
+            end, mask = ddl.find("\n", i), "\1"
+            end = n - 1 if end < 0 else end
+        elif ddl.startswith("/*", i):
+            end, mask = ddl.find("*/", i + 2), "\1"
+            end = n - 1 if end < 0 else end + 1
+        if end >= 0:
+            end = min(end, n - 1)
+            masked.append(mask * (end - i + 1))
+            i = end + 1
+            continue
+        depth += (c in "<(") - (c in ">)")
+        masked.append(c if depth == 0 else "\0")
+        i += 1
+    plain = "".join(masked)
+    names: list[str] = []
+    not_null: list[str] = []
+    cuts: list[tuple[int, int]] = []
+    start = 0
+    for part in plain.split(","):
+        stop = start + len(part)
+        lead = start  # comments before the name
+        while lead < stop and (plain[lead] == "\1" or plain[lead].isspace()):
+            lead += 1
+        m = _COLUMN_NAME.match(ddl, lead, stop)
+        name = m.group(1) if m else ""
+        if name.startswith("`"):
+            name = name[1:-1].replace("``", "`")
+        if name:
+            names.append(name)
+        for hit in _NOT_NULL.finditer(plain, start, stop):
+            cuts.append(hit.span())
+            if name and name not in not_null:
+                not_null.append(name)
+        start = stop + 1
+    out, at = [], 0
+    for a, b in cuts:
+        out.append(ddl[at:a])
+        at = b
+    out.append(ddl[at:])
+    return _SchemaColumns(tuple(names), tuple(not_null), "".join(out))
+
+
 @dataclass(frozen=True)
 class RedisSourceOptions(BrokerConfig):
     """Every ``txn-redis`` option, parsed and checked once; picklable (travels to executors)."""
@@ -186,6 +289,7 @@ class RedisSourceOptions(BrokerConfig):
     payload_format: str = "raw"
     payload_ddl: str | None = None
     json_field: str = "json"
+    bad_message_column: str | None = None  # badMessages=column; None: a bad message fails
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     ssl: tuple[tuple[str, Any], ...] = ()
@@ -195,7 +299,7 @@ class RedisSourceOptions(BrokerConfig):
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> RedisSourceOptions:
         opts = {k.lower(): v for k, v in options.items()}
-        reject_unknown_options(FORMAT, opts, REDIS_OPTIONS, implicit=("path",))
+        reject_unknown_options(FORMAT, opts, REDIS_OPTIONS, implicit=("path",), hints=_SPARK_HINTS)
         url = (opts.get("url") or "").strip()
         if not url:
             raise ConfigError(f"{FORMAT}: option url is required ({REDIS_OPTIONS['url']})")
@@ -230,28 +334,43 @@ class RedisSourceOptions(BrokerConfig):
                 f"{FORMAT}: option startId={opts['startid']!r}: expected $ (new entries only), "
                 "0 (the whole stream) or an entry id such as 1700000000000-0"
             )
-        fmt = (opts.get("payloadformat") or "raw").strip().lower()
-        if fmt not in PAYLOAD_FORMATS:
-            raise ConfigError(
-                f"{FORMAT}: option payloadFormat={opts['payloadformat']!r}: expected one of "
-                f"{list(PAYLOAD_FORMATS)}"
-            )
+        fmt = parse_choice(FORMAT, opts, "payloadFormat", PAYLOAD_FORMATS, "raw")
         ddl = (opts.get("schema") or "").strip() or None
         if fmt == "json" and ddl is None:
             raise ConfigError(
                 f"{FORMAT}: payloadFormat=json needs option schema, the DDL of the payload "
                 "columns (e.g. 'user string, amount double')"
             )
-        if fmt == "raw" and ddl is not None:
+        if fmt != "json" and ddl is not None:
             raise ConfigError(
-                f"{FORMAT}: option schema is only for payloadFormat=json; raw rows are "
-                "stream, id, fields map<string,string>"
+                f"{FORMAT}: option schema is only for payloadFormat=json; {fmt} rows are "
+                f"stream, id, {_FIELDS_DDL[fmt]}"
             )
         if "jsonfield" in opts and fmt != "json":
             raise ConfigError(f"{FORMAT}: option jsonField is only for payloadFormat=json")
         json_field = (opts.get("jsonfield") or "json").strip()
         if not json_field:
             raise ConfigError(f"{FORMAT}: option jsonField must not be empty")
+        bad_message_column = None
+        if parse_choice(FORMAT, opts, "badMessages", BAD_MESSAGES, "fail") == "column":
+            bad_message_column = DEFAULT_BAD_MESSAGE_COLUMN
+        if "badmessagecolumn" in opts:
+            if bad_message_column is None:
+                raise ConfigError(
+                    f"{FORMAT}: option badMessageColumn is only for badMessages=column "
+                    "(badMessages is fail: a bad message fails its batch)"
+                )
+            bad_message_column = opts["badmessagecolumn"].strip()
+            if not bad_message_column:
+                raise ConfigError(f"{FORMAT}: option badMessageColumn must not be empty")
+        if bad_message_column is not None:
+            taken = ["stream", "id"]
+            taken += list(_schema_columns(ddl).names) if ddl else ["fields"]
+            if bad_message_column.lower() in {t.lower() for t in taken}:
+                raise ConfigError(
+                    f"{FORMAT}: option badMessageColumn={bad_message_column!r}: the rows "
+                    f"already have a column of that name ({', '.join(taken)}); choose another"
+                )
         ssl_opts = {
             "sslcacerts": "ssl_ca_certs",
             "sslcertfile": "ssl_certfile",
@@ -311,6 +430,7 @@ class RedisSourceOptions(BrokerConfig):
             payload_format=fmt,
             payload_ddl=ddl,
             json_field=json_field,
+            bad_message_column=bad_message_column,
             username=opts.get("username") or None,
             password=opts.get("password") or None,
             ssl=tuple(sorted(ssl.items())),
@@ -323,26 +443,60 @@ class RedisSourceOptions(BrokerConfig):
     @property
     def ddl(self) -> str:
         """The stream's schema as DDL (Spark parses it: DDL of the payload included)."""
-        if self.payload_format == "raw":
-            return "stream string, id string, fields map<string,string>"
-        return f"stream string, id string, {self.payload_ddl}"
+        if self.payload_format != "json":
+            payload = _FIELDS_DDL[self.payload_format]
+        elif self.bad_message_column is None:
+            payload = str(self.payload_ddl)
+        else:  # a bad message's row holds null in every payload column
+            payload = _schema_columns(str(self.payload_ddl)).nullable_ddl
+        if self.bad_message_column is not None:
+            payload += f", {_quote(self.bad_message_column)} {BAD_MESSAGE_TYPE}"
+        return f"stream string, id string, {payload}"
+
+    @property
+    def required_columns(self) -> tuple[str, ...]:
+        """Columns declared NOT NULL in ``schema`` that the reported schema has nullable
+        (badMessages=column): a message without a value for one is a bad message."""
+        if self.bad_message_column is None or self.payload_ddl is None:
+            return ()
+        return _schema_columns(self.payload_ddl).not_null
 
     def check_schema(self, schema) -> None:
         """A schema set with ``.schema()`` must be the one the options describe."""
-        from pyspark.sql.types import MapType, StringType
+        from pyspark.sql.types import BinaryType, MapType, StringType, StructField, StructType
 
         names = [f.name for f in schema.fields]
         ok = names[:2] == ["stream", "id"] and len({n.lower() for n in names}) == len(names)
         ok = ok and all(isinstance(f.dataType, StringType) for f in schema.fields[:2])
-        if self.payload_format == "raw":
-            ok = ok and len(names) == 3 and names[2] == "fields"
-            ok = ok and schema.fields[2].dataType == MapType(StringType(), StringType())
+        payload = schema.fields[2:]
+        if self.bad_message_column is not None:
+            bad = StructType(
+                [
+                    StructField("error", StringType()),
+                    StructField("fields", MapType(BinaryType(), BinaryType())),
+                ]
+            )
+            ok = ok and len(payload) > 1 and payload[-1].name == self.bad_message_column
+            ok = ok and payload[-1].dataType == bad
+            payload = payload[:-1]
+        if self.payload_format != "json":
+            value = StringType() if self.payload_format == "raw" else BinaryType()
+            ok = ok and len(payload) == 1 and payload[0].name == "fields"
+            ok = ok and payload[0].dataType == MapType(StringType(), value)
         if not ok:
             raise ConfigError(
                 f"{FORMAT}: the stream's schema must be {self.ddl} (payloadFormat="
                 f"{self.payload_format}); got {schema.simpleString()}: don't set .schema(), "
                 "use the options payloadFormat and schema"
             )
+        if self.bad_message_column is not None:
+            required = [f.name for f in payload if not f.nullable]
+            if required:  # our DDL scan missed a NOT NULL: the JVM would fail on a bad row
+                raise ConfigError(
+                    f"{FORMAT}: option schema: column(s) {', '.join(required)} stay NOT NULL, "
+                    "which a bad message's row (badMessages=column) cannot fill; write "
+                    "NOT NULL right after the column's type"
+                )
 
     def reader(self, schema) -> AcknowledgingStreamReader:
         from ..sinks.delta import spark_to_arrow_schema
@@ -350,7 +504,10 @@ class RedisSourceOptions(BrokerConfig):
         self.check_schema(schema)
         arrow_schema = spark_to_arrow_schema(schema)
         if self.payload_format == "json":
-            for f in list(arrow_schema)[2:]:
+            payload = list(arrow_schema)[2:]
+            if self.bad_message_column is not None:
+                payload.pop()
+            for f in payload:
                 _converter(f.type, f.name)  # refuse what JSON cannot fill before starting
         return AcknowledgingStreamReader(
             FORMAT,
@@ -642,8 +799,8 @@ class RedisBroker(Broker):
         import pyarrow as pa
 
         payload = list(arrow_schema)[2:]
-        if self.cfg.payload_format == "json":
-            convert = _row_converter(payload)
+        bad_type = payload.pop().type if self.cfg.bad_message_column is not None else None
+        build = self._payload_builder(payload)
         for i in range(0, len(ids), _FETCH_ROWS):
             got = self._ranges(ids[i : i + _FETCH_ROWS])
             gone = [m for m, entries in got if not entries]
@@ -654,77 +811,206 @@ class RedisBroker(Broker):
                     f"read), e.g. {gone[:5]}: a replay cannot read them again; keep "
                     "unacknowledged entries in the stream (trim only acknowledged ones)"
                 )
-            msgs, streams, entry_ids = [], [], []
+            streams, entry_ids = [], []
             for m, _ in got:
-                msgs.append(m)
                 s, entry = _split_id(m)
                 streams.append(s)
                 entry_ids.append(entry)
             cols = [pa.array(streams, pa.string()), pa.array(entry_ids, pa.string())]
-            if self.cfg.payload_format == "raw":
-                cols.append(_fields_map(got, payload[0].type))
-            else:
-                rows = [
-                    convert(m, _json_document(m, _decode_fields(m, e[0][1]), self.cfg.json_field))
-                    for m, e in got
-                ]
-                for j, fld in enumerate(payload):
-                    try:
-                        cols.append(pa.array([r[j] for r in rows], type=fld.type))
-                    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
-                        raise SourceError(f"{FORMAT}: column {fld.name!r} ({fld.type}): {e}") from e
+            payload_cols, bad = build(got)
+            cols.extend(payload_cols)
+            if bad:
+                self._bad_messages(got, bad)
+            if bad_type is not None:
+                cols.append(_bad_message_column(got, bad, bad_type))
             yield pa.RecordBatch.from_arrays(cols, schema=arrow_schema)
 
+    def _payload_builder(self, payload: list) -> Callable[[Sequence[tuple[str, list]]], Any]:
+        """From fetched entries to (payload columns, {row: why it is a bad message})."""
+        if self.cfg.payload_format != "json":
 
-def _fields_map(got: Sequence[tuple[str, list]], map_type: Any) -> Any:
-    """The ``fields`` column from raw entries, built from flat key/value arrays: Arrow
-    checks the UTF-8 of all of them at once (per-message decoding cost ~3x more)."""
+            def fields(got: Sequence[tuple[str, list]]) -> tuple[list[Any], dict[int, str]]:
+                column, bad = _fields_map(got, payload[0].type)
+                return [column], bad
+
+            return fields
+        convert = _row_converter(payload, self.cfg.required_columns)
+        json_field = self.cfg.json_field
+
+        def build(got: Sequence[tuple[str, list]]) -> tuple[list[Any], dict[int, str]]:
+            rows: list[list[Any] | None] = []
+            bad: dict[int, str] = {}
+            for k, (m, entries) in enumerate(got):
+                try:
+                    rows.append(convert(m, _json_document(m, entries[0][1], json_field)))
+                except BadMessageError as e:
+                    bad[k] = e.reason
+                    rows.append(None)
+            return _json_columns(rows, payload, bad), bad
+
+        return build
+
+    def _bad_messages(self, got: Sequence[tuple[str, list]], bad: Mapping[int, str]) -> None:
+        """badMessages=fail: the first bad message fails the batch; column: a log line."""
+        first = min(bad)
+        m, why = got[first][0], bad[first]
+        more = f" (and {len(bad) - 1} more in this read task)" if len(bad) > 1 else ""
+        if self.cfg.bad_message_column is None:
+            raise SourceError(
+                f"{FORMAT}: message {m}: {why}{more}. Its claim is durable, so every replay of "
+                "this batch fails the same way: set option badMessages=column to read such "
+                "messages as rows holding the error (docs/redis.md)"
+            )
+        log.warning(
+            "%s: %d of %d messages could not be read and became rows with %s set, e.g. %s: %s",
+            FORMAT,
+            len(bad),
+            len(got),
+            self.cfg.bad_message_column,
+            m,
+            why,
+        )
+
+
+class BadMessageError(SourceError):
+    """A claimed message that cannot become a row: ``reason`` says why, without its id."""
+
+    def __init__(self, message_id: str, reason: str) -> None:
+        super().__init__(f"{FORMAT}: message {message_id}: {reason}")
+        self.message_id = message_id
+        self.reason = reason
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.message_id, self.reason))
+
+
+def _shown(raw: bytes) -> str:
+    """Bytes that are not UTF-8 text, for messages."""
+    return repr(raw[:40]) + ("..." if len(raw) > 40 else "")
+
+
+def _not_text(raw: Mapping[bytes, bytes], values: bool) -> str | None:
+    """Why the entry's field names (and ``values``) are not all UTF-8 text; None if they are."""
+    for name, value in raw.items():
+        try:
+            text = name.decode()
+        except UnicodeDecodeError as e:
+            return f"a field name is not UTF-8 text: {_shown(name)} ({e})"
+        if values:
+            try:
+                value.decode()
+            except UnicodeDecodeError as e:
+                return f"field {text!r} is not UTF-8 text ({e})"
+    return None
+
+
+def _fields_map(got: Sequence[tuple[str, list]], map_type: Any) -> tuple[Any, dict[int, str]]:
+    """The ``fields`` column (``map<string,string>``, or ``map<string,binary>`` whose values
+    stay bytes) and the bad messages: entries with a name (or, for strings, a value) that
+    is not UTF-8, null in the column. Built from flat key/value arrays: Arrow checks the
+    UTF-8 of all of them at once (per-message decoding costs ~3x more)."""
     import pyarrow as pa
 
-    offsets, keys, values = [0], [], []
-    for _, entries in got:
-        raw = entries[0][1]
-        keys.extend(raw.keys())
-        values.extend(raw.values())
-        offsets.append(len(keys))
-    try:
+    text = pa.types.is_string(map_type.item_type)
+
+    def build(skip: Mapping[int, str]) -> Any:
+        offsets, keys, values = [0], [], []
+        for k, (_, entries) in enumerate(got):
+            if k not in skip:
+                raw = entries[0][1]
+                keys.extend(raw.keys())
+                values.extend(raw.values())
+            offsets.append(len(keys))
+        items = pa.array(values, pa.binary())
         return pa.MapArray.from_arrays(
             pa.array(offsets, pa.int32()),
             pa.array(keys, pa.binary()).cast(pa.string()),
-            pa.array(values, pa.binary()).cast(pa.string()),
+            items.cast(pa.string()) if text else items,
             type=map_type,
+            mask=pa.array([k in skip for k in range(len(got))]) if skip else None,
         )
+
+    try:
+        return build({}), {}
     except pa.ArrowInvalid:
-        for m, entries in got:
-            _decode_fields(m, entries[0][1])  # names the message that is not UTF-8
-        raise
+        pass  # some message is not UTF-8: find which, and leave them out
+    bad = {}
+    for k, (_, entries) in enumerate(got):
+        why = _not_text(entries[0][1], text)
+        if why is not None:
+            bad[k] = why
+    return build(bad), bad
 
 
-def _decode_fields(message_id: str, raw: Mapping[bytes, bytes]) -> dict[str, str]:
-    try:
-        return {k.decode(): v.decode() for k, v in raw.items()}
-    except UnicodeDecodeError as e:
-        raise SourceError(
-            f"{FORMAT}: message {message_id} has a field that is not UTF-8 text ({e})"
-        ) from e
-
-
-def _json_document(message_id: str, fields: Mapping[str, str], name: str) -> Any:
-    if name not in fields:
-        raise SourceError(
-            f"{FORMAT}: message {message_id} has no field {name!r} (jsonField) to parse; its "
-            f"fields: {sorted(fields)[:10]}"
+def _json_document(message_id: str, raw: Mapping[bytes, bytes], name: str) -> Any:
+    """The JSON object in field ``name`` of an entry; only that field has to be UTF-8."""
+    value = raw.get(name.encode())
+    if value is None:
+        shown = sorted(k.decode(errors="backslashreplace") for k in raw)[:10]
+        raise BadMessageError(
+            message_id, f"no field {name!r} (jsonField) to parse; its fields: {shown}"
         )
     try:
-        doc = json.loads(fields[name], parse_float=decimal.Decimal)  # decimals stay exact
+        text = value.decode()
+    except UnicodeDecodeError as e:
+        raise BadMessageError(message_id, f"field {name!r} is not UTF-8 text ({e})") from None
+    try:
+        doc = json.loads(text, parse_float=decimal.Decimal)  # decimals stay exact
     except ValueError as e:
-        raise SourceError(f"{FORMAT}: message {message_id}: field {name!r} is not JSON: {e}") from e
+        raise BadMessageError(message_id, f"field {name!r} is not JSON: {e}") from None
     if not isinstance(doc, dict):
-        raise SourceError(
-            f"{FORMAT}: message {message_id}: field {name!r} holds a JSON "
-            f"{type(doc).__name__}, expected an object"
+        raise BadMessageError(
+            message_id,
+            f"field {name!r} holds a JSON {type(doc).__name__}, expected an object",
         )
     return doc
+
+
+def _json_columns(rows: list, payload: list, bad: dict[int, str]) -> list[Any]:
+    """The payload columns of converted rows (None: a bad message, null everywhere).
+
+    A value Arrow refuses (a decimal with more digits than its column has) is found
+    message by message and makes that message a bad one in ``bad``, in place.
+    """
+    import pyarrow as pa
+
+    errors = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
+    while True:
+        try:
+            return [
+                pa.array([None if r is None else r[j] for r in rows], type=f.type)
+                for j, f in enumerate(payload)
+            ]
+        except errors as e:
+            failed = e
+        found = False
+        for j, f in enumerate(payload):
+            for k, row in enumerate(rows):
+                if row is None:
+                    continue
+                try:
+                    pa.array([row[j]], type=f.type)
+                except errors as e:
+                    bad[k] = f"{f.name} ({f.type}): {e}"
+                    rows[k] = None
+                    found = True
+        if not found:  # no single value fails: not a message's fault
+            raise SourceError(f"{FORMAT}: building the payload columns: {failed}") from failed
+
+
+def _bad_message_column(
+    got: Sequence[tuple[str, list]], bad: Mapping[int, str], bad_type: Any
+) -> Any:
+    """badMessageColumn: null for rows that were read, else why not and the entry's fields
+    as they are in Redis (bytes: whatever the producer wrote survives)."""
+    import pyarrow as pa
+
+    if not bad:
+        return pa.nulls(len(got), bad_type)
+    values: list[dict[str, Any] | None] = [None] * len(got)
+    for k, why in bad.items():
+        values[k] = {"error": why, "fields": list(got[k][1][0][1].items())}
+    return pa.array(values, type=bad_type)
 
 
 # --- JSON values to Arrow values, by the declared type ---------------------------------------
@@ -758,7 +1044,15 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
     if pa.types.is_boolean(t):
         return need((bool,), "true or false")
     if pa.types.is_integer(t):
-        return need((int,), "an integer")
+        integer = need((int,), "an integer")
+        low, high = -(2 ** (t.bit_width - 1)), 2 ** (t.bit_width - 1)  # Spark's are signed
+
+        def bounded(v: Any) -> Any:
+            if integer(v) is not None and not low <= v < high:
+                raise _BadValue(f"{where}: {v} is out of range for {t}")
+            return v
+
+        return bounded
     if pa.types.is_floating(t):
         number = need((int, float, decimal.Decimal), "a number")
         return lambda v: None if v is None else float(number(v))
@@ -843,7 +1137,11 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
         return mp
     if pa.types.is_struct(t):
         fields = [
-            (t.field(i).name, _converter(t.field(i).type, f"{where}.{t.field(i).name}"))
+            (
+                t.field(i).name,
+                t.field(i).nullable,
+                _converter(t.field(i).type, f"{where}.{t.field(i).name}"),
+            )
             for i in range(t.num_fields)
         ]
 
@@ -852,7 +1150,11 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
                 return None
             if not isinstance(v, dict):
                 raise _BadValue(f"{where}: expected an object, got {_show(v)}")
-            return {name: conv(v.get(name)) for name, conv in fields}
+            out = {name: conv(v.get(name)) for name, _, conv in fields}
+            for name, nullable, _ in fields:
+                if out[name] is None and not nullable:  # the JVM would fail on it instead
+                    raise _BadValue(f"{where}.{name} is declared NOT NULL, but has no value")
+            return out
 
         return struct
     raise ConfigError(
@@ -860,19 +1162,27 @@ def _converter(t, where: str) -> Callable[[Any], Any]:
     )
 
 
-def _row_converter(payload) -> Callable[[str, dict], list[Any]]:
-    convs = [(f.name, f.nullable, _converter(f.type, f.name)) for f in payload]
+def _row_converter(payload, required: Sequence[str] = ()) -> Callable[[str, dict], list[Any]]:
+    """JSON object -> row values; a :class:`BadMessageError` for a value of another type or
+    a missing one in a NOT NULL column (``required``: NOT NULL in ``schema``, nullable in
+    the reported schema)."""
+    must = {name.lower() for name in required}
+    convs = [
+        (f.name, f.nullable and f.name.lower() not in must, _converter(f.type, f.name))
+        for f in payload
+    ]
 
     def convert(message_id: str, doc: dict) -> list[Any]:
         try:
             row = [conv(doc.get(name)) for name, _, conv in convs]
         except _BadValue as e:
-            raise SourceError(f"{FORMAT}: message {message_id}: {e}") from None
+            raise BadMessageError(message_id, str(e)) from None
         for (name, nullable, _), value in zip(convs, row, strict=True):
             if value is None and not nullable:  # Arrow would fail deep in the JVM instead
-                raise SourceError(
-                    f"{FORMAT}: message {message_id}: {name} is declared NOT NULL in option "
-                    "schema, but the message has no value for it"
+                raise BadMessageError(
+                    message_id,
+                    f"{name} is declared NOT NULL in option schema, but the message has no "
+                    "value for it",
                 )
         return row
 

@@ -44,16 +44,19 @@ class RedisPipeline:
             reader = reader.option(k, v)
         return reader.load()
 
-    def run(self, *, faults: str | None = None, **overrides) -> Exception | None:
-        """One availableNow run to the end; the query's failure instead of raising it."""
+    def run(
+        self, *, faults: str | None = None, sink: dict | None = None, **overrides
+    ) -> Exception | None:
+        """One availableNow run to the end; the query's failure instead of raising it.
+        ``faults`` and ``sink`` are the sink's options, ``overrides`` the source's."""
         w = (
             self.source(**overrides)
             .writeStream.format("txn-delta")
             .option("path", self.target)
             .option("checkpointLocation", self.checkpoint)
         )
-        if faults:
-            w = w.option("faultInjection", faults)
+        for k, v in {**(sink or {}), **({"faultInjection": faults} if faults else {})}.items():
+            w = w.option(k, v)
         q = w.trigger(availableNow=True).start()
         try:
             q.awaitTermination(120)
@@ -77,15 +80,20 @@ def produce(r, stream: str, n: int, start: int = 0) -> dict[tuple[str, str], dic
     return sent
 
 
-def assert_exactly_once(p: RedisPipeline, sent: dict) -> None:
+def rows_once(p: RedisPipeline, sent: dict) -> dict[tuple[str, str], dict]:
+    """The target's rows by (stream, id), after checking each sent message is there once."""
     rows = p.rows()
     keys = [(row["stream"], row["id"]) for row in rows]
     assert len(keys) == len(set(keys)), "a message is in the target twice"
     assert set(keys) == set(sent), (
         f"missing {sorted(set(sent) - set(keys))[:5]}, extra {sorted(set(keys) - set(sent))[:5]}"
     )
-    for row in rows:
-        assert dict(row["fields"]) == sent[(row["stream"], row["id"])]
+    return dict(zip(keys, rows, strict=True))
+
+
+def assert_exactly_once(p: RedisPipeline, sent: dict) -> None:
+    for key, row in rows_once(p, sent).items():
+        assert dict(row["fields"]) == sent[key]
 
 
 def assert_all_acked(p: RedisPipeline, r) -> None:

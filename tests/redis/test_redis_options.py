@@ -50,7 +50,10 @@ def test_the_claim_log_defaults_to_the_checkpoint():
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"bogus": "1"}, r"unknown option 'bogus'; allowed \(case-insensitive\): .*maxMessagesPerBatch"),
+        (
+            {"bogus": "1"},
+            r"unknown option 'bogus'; allowed \(case-insensitive\): .*maxMessagesPerBatch",
+        ),
         ({"url": None}, "option url is required"),
         ({"url": "http://x"}, "expected a redis://, rediss:// or unix:// URL"),
         ({"stream": " "}, "option stream is required"),
@@ -66,9 +69,40 @@ def test_the_claim_log_defaults_to_the_checkpoint():
         ({"maxMessagesPerBatch": "many"}, "maxMessagesPerBatch='many'"),
         ({"blockMs": "-1"}, r"blockMs='-1': expected an integer from 0"),
         ({"claimIdleMs": "1.5"}, "claimIdleMs='1.5'"),
-        ({"payloadFormat": "avro"}, r"payloadFormat='avro': expected one of \['raw', 'json'\]"),
+        (
+            {"payloadFormat": "avro"},
+            r"payloadFormat='avro': expected one of raw, binary, json \(default raw\)",
+        ),
         ({"payloadFormat": "json"}, "payloadFormat=json needs option schema"),
         ({"schema": "a int"}, "option schema is only for payloadFormat=json"),
+        (
+            {"payloadFormat": "binary", "schema": "a int"},
+            "only for payloadFormat=json; binary rows are stream, id, fields map<string,binary>",
+        ),
+        (
+            {"badMessages": "skip"},
+            r"option badMessages='skip': expected one of fail, column \(default fail\)",
+        ),
+        ({"badMessageColumn": "bad"}, "option badMessageColumn is only for badMessages=column"),
+        ({"badMessages": "column", "badMessageColumn": " "}, "badMessageColumn must not be empty"),
+        (
+            {"badMessages": "column", "badMessageColumn": "ID"},
+            r"badMessageColumn='ID': the rows already have a column of that name "
+            r"\(stream, id, fields\)",
+        ),
+        (
+            {
+                "badMessages": "column",
+                "payloadFormat": "json",
+                "schema": "user string, `_bad_message` int",
+            },
+            "badMessageColumn='_bad_message': the rows already have .* user, _bad_message",
+        ),
+        ({"mode": "PERMISSIVE"}, r"unknown option 'mode' \(did you mean badMessages \(fail"),
+        (
+            {"columnNameOfCorruptRecord": "_corrupt_record"},
+            r"'columnnameofcorruptrecord' \(did you mean badMessageColumn, with badMessages=column",
+        ),
         ({"jsonField": "doc"}, "jsonField is only for payloadFormat=json"),
         ({"claimLog": None}, "option claimLog .* or checkpointLocation .* is required"),
         ({"claimLogStorageOptions": "{"}, "claimLogStorageOptions is not valid JSON"),
@@ -89,6 +123,64 @@ def test_json_schema_columns():
     o = parse(payloadFormat="json", schema="user string, n int", jsonField="doc")
     assert o.ddl == "stream string, id string, user string, n int"
     assert o.json_field == "doc"
+
+
+def test_bad_messages_as_rows_add_their_column_and_null_out_not_null():
+    """badMessages=column: the error column comes last; NOT NULL columns of schema are
+    reported nullable (a bad message's row holds null there) and checked per message."""
+    bad = "struct<error: string, fields: map<binary,binary>>"
+    assert parse().bad_message_column is None  # default: fail
+    assert parse(badMessages="FAIL").ddl == parse().ddl
+    raw = parse(badMessages="column")
+    assert raw.ddl == f"stream string, id string, fields map<string,string>, `_bad_message` {bad}"
+    assert raw.required_columns == ()
+    binary = parse(payloadFormat="binary", badMessages="column", badMessageColumn="odd`name")
+    assert binary.ddl == f"stream string, id string, fields map<string,binary>, `odd``name` {bad}"
+    schema = (
+        "user string NOT NULL COMMENT 'not null, unless NOT NULL', /* NOT NULL */ "
+        "`a, b` decimal(10, 2) not  null, s struct<x: int NOT NULL, y: string>, n int"
+    )
+    strict = parse(payloadFormat="json", schema=schema)
+    assert strict.ddl == f"stream string, id string, {schema}"  # fail: as declared
+    assert strict.required_columns == ()
+    o = parse(payloadFormat="json", schema=schema, badMessages="column", badMessageColumn="err")
+    assert o.ddl == (
+        "stream string, id string, user string  COMMENT 'not null, unless NOT NULL', "
+        "/* NOT NULL */ `a, b` decimal(10, 2) , s struct<x: int NOT NULL, y: string>, n int, "
+        f"`err` {bad}"
+    )
+    assert o.required_columns == ("user", "a, b")
+
+
+@pytest.mark.spark
+def test_the_reported_schema_is_what_spark_parses(spark):
+    """Spark parses the DDL the source reports: NOT NULL gone where a bad row needs null,
+    nested NOT NULL kept (the converter checks it), and the reader accepts the result."""
+    from pyspark.sql.types import StructType
+
+    o = parse(
+        payloadFormat="json",
+        schema="user string NOT NULL, s struct<x: int NOT NULL>",
+        badMessages="column",
+    )
+    schema = StructType.fromDDL(o.ddl)
+    assert [(f.name, f.nullable) for f in schema.fields] == [
+        ("stream", True),
+        ("id", True),
+        ("user", True),
+        ("s", True),
+        ("_bad_message", True),
+    ]
+    assert not schema["s"].dataType["x"].nullable
+    o.check_schema(schema)
+    parse(payloadFormat="binary", badMessages="column").check_schema(
+        StructType.fromDDL(parse(payloadFormat="binary", badMessages="column").ddl)
+    )
+    strict = StructType.fromDDL(parse(payloadFormat="json", schema="user string NOT NULL").ddl)
+    with pytest.raises(ConfigError, match="user stay NOT NULL, which a bad message's row"):
+        o.check_schema(StructType.fromDDL(o.ddl.replace("user string", "user string NOT NULL")))
+    with pytest.raises(ConfigError, match="must be stream string, id string, user string"):
+        o.check_schema(strict)  # the error column is missing
 
 
 def test_the_password_is_never_shown():

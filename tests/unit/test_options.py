@@ -167,3 +167,27 @@ def test_known_options_are_accepted_in_any_case():
         match=r"x: unknown option 'rowsperbach' \(did you mean rowsPerBatch\?\); allowed \(case-insensitive\): rowsPerBatch$",
     ):
         reject_unknown_options("x", ["rowsperbach"], ["rowsPerBatch"], implicit=["path"])
+
+
+def test_a_choice_names_the_option_the_value_and_what_is_allowed():
+    from pyspark_txn._options import parse_choice
+
+    allowed = ("fail", "column")
+    assert parse_choice("x", {}, "badMessages", allowed, "fail") == "fail"
+    assert (
+        parse_choice("x", {"badmessages": " Column "}, "badMessages", allowed, "fail") == "column"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"^x: option badMessages='skip': expected one of fail, column \(default fail\)$",
+    ):
+        parse_choice("x", {"badmessages": "skip"}, "badMessages", allowed, "fail")
+
+
+def test_names_from_elsewhere_get_a_hint_no_spelling_distance_finds():
+    from pyspark_txn._options import reject_unknown_options
+
+    with pytest.raises(ConfigError, match=r"'columnnameofcorruptrecord' \(did you mean bad\?\)"):
+        reject_unknown_options(
+            "x", ["columnnameofcorruptrecord"], ["bad"], hints={"columnNameOfCorruptRecord": "bad"}
+        )
