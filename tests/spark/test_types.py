@@ -173,3 +173,51 @@ def test_every_type_round_trips_through_the_sink(spark, tmp_path):
     pl = pytest.importorskip("polars")
     frame = pl.read_delta(target)
     assert frame.height == len(ROWS) and sorted(frame["id"].to_list()) == list(range(len(ROWS)))
+
+
+def test_not_null_fields_of_null_structs_round_trip(spark, tmp_path):
+    """``when(c, struct(...))``: a nullable struct whose fields Spark marks NOT NULL (and
+    arrays and maps of them), the way pipelines build optional nested records."""
+    from pyspark.sql import functions as F
+
+    target, chk = str(tmp_path / "t"), str(tmp_path / "chk")
+    df = (
+        spark.readStream.format("txn-sequence")
+        .option("rowsPerBatch", 50)
+        .option("totalRows", 100)
+        .load()
+    )
+    n = F.coalesce(F.col("id"), F.lit(-1))  # NOT NULL
+    rec = F.struct(
+        n.alias("n"),
+        F.lit("x").alias("s"),
+        F.struct(n.alias("c")).alias("inner"),
+        F.array(n).alias("xs"),
+        F.lit(dt.date(2026, 11, 24)).alias("day"),
+    )
+    out = df.select(
+        "id",
+        F.when(F.col("id") % 3 == 0, rec).alias("st"),
+        F.array(F.when(F.col("id") % 2 == 0, rec), rec).alias("arr"),
+        F.create_map(F.lit("k"), F.when(F.col("id") % 5 == 0, rec)).alias("m"),
+    )
+    fields = {f.name: f for f in out.schema["st"].dataType.fields}
+    assert not fields["n"].nullable and not fields["inner"].nullable  # as pipelines get them
+    q = (
+        out.writeStream.format("txn-delta")
+        .option("path", target)
+        .option("checkpointLocation", chk)
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    rows = {r["id"]: r for r in DeltaTable(target).to_pyarrow_table().to_pylist()}
+    assert sorted(rows) == list(range(100))
+
+    def want(i):
+        return {"n": i, "s": "x", "inner": {"c": i}, "xs": [i], "day": dt.date(2026, 11, 24)}
+
+    for i, r in rows.items():
+        assert r["st"] == (want(i) if i % 3 == 0 else None), r
+        assert r["arr"] == [want(i) if i % 2 == 0 else None, want(i)], r
+        assert r["m"] == [("k", want(i) if i % 5 == 0 else None)], r
