@@ -227,13 +227,9 @@ class DeltaBatchWriter:
         replay = last is not None and batch_id <= last.batch_id
         snapshot_id, token = committer.allocate()
         try:
-            if replay:
-                # Decided before: the committer recognises the replay (or a checkpoint
-                # that went back) from the record; Spark's write never runs.
-                txns: list[TxnHandle] = []
-            else:
-                txns = self._stage(df, arrow_schema, batch_id, snapshot_id, token)
-                opts.faults.hit("phase1", batch_id, snapshot=snapshot_id)
+            # A replay was decided before: the committer recognises it (or a checkpoint
+            # that went back) from the record; Spark's write never runs.
+            txns = [] if replay else self._stage(df, arrow_schema, batch_id, snapshot_id, token)
             committer.commit(
                 batch_id,
                 snapshot_id,
@@ -266,14 +262,8 @@ class DeltaBatchWriter:
         token = new_token()
         try:
             txns = self._stage(df, arrow_schema, batch_id, LIGHT_SNAPSHOT_ID, token)
-            opts.faults.hit("phase1", batch_id, snapshot=LIGHT_SNAPSHOT_ID)
-            committer.commit(
-                batch_id,
-                token,
-                txns,
-                query_id=query_id,
-                target_meta=opts.target_meta(arrow_schema, None),
-            )
+            meta = opts.target_meta(arrow_schema, None)
+            committer.commit(batch_id, token, txns, query_id=query_id, target_meta=meta)
         except BaseException:
             _roll_back(lambda: committer.abort(token, batch_id), opts.sink_id, batch_id)
             raise
@@ -338,6 +328,7 @@ class DeltaBatchWriter:
         empty = [h for h in handles if h.rows == 0]
         if empty:  # Spark writes a schema-only file for an empty batch: never committed
             fs.rm([_fs.join(root, h.handle) for h in empty])
+        opts.faults.hit("phase1", batch_id, snapshot=snapshot_id)
         return [h for h in handles if h.rows > 0]
 
     def _spark_write(self, df, spark_dir: str, tagged: Sequence[str]) -> None:

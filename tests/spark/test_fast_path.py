@@ -12,7 +12,6 @@ import json
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 from urllib.parse import unquote
@@ -488,13 +487,26 @@ def test_light_mode_replayed_batch_writes_nothing(fast):
     _check_light(fast)
 
 
+def test_a_checkpoint_keeps_its_mode(fast):
+    fast.total = 1000
+    assert fast.run(mode="light") is None
+    fast.total = 2000
+    failure = fast.run()
+    assert failure is not None and "ran with mode=light" in str(failure)
+    fast.assert_exactly_once(1000)
+    assert fast.run(mode="light") is None
+    _check_light(fast)
+
+
 # --- several queries in one driver --------------------------------------------------------
 
 
 def _run_together(*runners: PipelineRunner) -> None:
-    with ThreadPoolExecutor(len(runners)) as pool:
-        failures = list(pool.map(lambda r: r.run(), runners))
-    assert failures == [None] * len(runners)
+    """Start every query from this thread, as a driver does (a txn-delta query started
+    from another Python thread does not find its data source), then wait for all."""
+    queries = [r.writer().trigger(availableNow=True).start() for r in runners]
+    for q in queries:
+        q.awaitTermination()
 
 
 def _check_one_run(runner: PipelineRunner) -> None:
@@ -506,13 +518,15 @@ def _check_one_run(runner: PipelineRunner) -> None:
 
 
 def test_two_fast_path_queries_in_one_driver(spark, tmp_path):
-    a = FastRunner(spark, tmp_path / "a", total=6000, per_batch=500)
-    b = FastRunner(spark, tmp_path / "b", total=6000, per_batch=500)
+    """Both callbacks run at the same moment (twice): each reads its own run and batch
+    from its own thread's job description, and neither fences the other."""
+    a = FastRunner(spark, tmp_path / "a", total=2000, per_batch=500)
+    b = FastRunner(spark, tmp_path / "b", total=2000, per_batch=500)
     b.partitions = PARTITIONS
     meet = threading.Barrier(2, timeout=300)
 
     def both_in_a_callback(batch_id: int) -> None:
-        if batch_id in (0, 5):
+        if batch_id in (0, 2):
             meet.wait()
 
     a.on_batch = b.on_batch = both_in_a_callback
@@ -523,8 +537,8 @@ def test_two_fast_path_queries_in_one_driver(spark, tmp_path):
 
 
 def test_a_fast_path_and_a_txn_delta_query_in_one_driver(spark, tmp_path):
-    a = FastRunner(spark, tmp_path / "fast", total=6000, per_batch=500)
-    b = PipelineRunner(spark, tmp_path / "txn", total=6000, per_batch=500)
+    a = FastRunner(spark, tmp_path / "fast", total=2000, per_batch=500)
+    b = PipelineRunner(spark, tmp_path / "txn", total=2000, per_batch=500)
     a.partitions = b.partitions = PARTITIONS
     _run_together(a, b)
     _check_one_run(a)
