@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 POINTS = (
     "allocate",  # driver, before the snapshot id is reserved
     "phase1",  # executor, after staging a partition, before returning its message
+    "mid_phase1",  # fast path (driver): the first of Spark's files renamed into the table
     "before_record",  # driver commit, staged files verified, record not written
     "after_record",  # record safe, phase 2 not started
     "mid_phase2",  # target with several txns per batch (PostgreSQL): after the first's commit

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -21,6 +23,10 @@ def run_to_end(writer):
 
 
 class PipelineRunner:
+    #: Partition columns derived from each row's id: name -> (SQL expression of ``id``,
+    #: the value delta-rs must read back for an id). The sink gets them as partitionBy.
+    partitions: Mapping[str, tuple[str, Callable[[int], Any]]] = {}
+
     def __init__(self, spark, base: Path, total: int = 5000, per_batch: int = 1000):
         self.spark = spark
         self.base = base
@@ -30,7 +36,8 @@ class PipelineRunner:
         self.per_batch = per_batch
         self.start = 0  # the source's first row index
 
-    def writer(self, faults: str | None = None, width: int = 0, **options):
+    def source(self, width: int = 0):
+        """The txn-sequence stream, with the partition columns."""
         df = (
             self.spark.readStream.format("txn-sequence")
             .option("rowsPerBatch", self.per_batch)
@@ -39,11 +46,22 @@ class PipelineRunner:
             .option("start", self.start)
             .load()
         )
-        w = df.writeStream.format("txn-delta").option("path", self.target)
-        w = w.option("checkpointLocation", self.checkpoint)
+        if self.partitions:
+            derived = [f"{sql} AS `{name}`" for name, (sql, _) in self.partitions.items()]
+            df = df.selectExpr("*", *derived)
+        return df
+
+    def sink_options(self, faults: str | None, options: dict[str, Any]) -> dict[str, Any]:
         if faults:
-            w = w.option("faultInjection", faults)
-        for k, v in options.items():
+            options["faultInjection"] = faults
+        if self.partitions:
+            options.setdefault("partitionBy", ",".join(self.partitions))
+        return options
+
+    def writer(self, faults: str | None = None, width: int = 0, **options):
+        w = self.source(width).writeStream.format("txn-delta").option("path", self.target)
+        w = w.option("checkpointLocation", self.checkpoint)
+        for k, v in self.sink_options(faults, options).items():
             w = w.option(k, v)
         return w
 
@@ -69,6 +87,9 @@ class PipelineRunner:
         want = expected_rows(0, total, width)
         assert got.num_rows == total, f"{got.num_rows} rows, expected {total}"
         assert got.select(want.column_names).equals(want)
+        ids = got.column("id").to_pylist()
+        for name, (_, value) in self.partitions.items():
+            assert got.column(name).to_pylist() == [value(i) for i in ids], name
 
     def data_files(self) -> set[str]:
         """Every parquet file in the table's folder (the log's and any others)."""
@@ -80,11 +101,20 @@ class PipelineRunner:
         }
 
     def assert_no_orphans(self) -> None:
-        """No data file outside the Delta log is left once the pipeline is done."""
+        """No data file outside the Delta log is left once the pipeline is done, and no
+        other file (Spark's ``_SUCCESS``, ``.crc``, ``_temporary``) in the table's folders."""
         live = set(DeltaTable(self.target).file_uris())
         live = {os.path.relpath(u.removeprefix("file://"), self.target) for u in live}
         orphans = self.data_files() - live
         assert not orphans, f"orphan data files: {sorted(orphans)}"
+        root = Path(self.target)
+        others = [
+            p.relative_to(root)
+            for p in root.rglob("*")
+            if p.relative_to(root).parts[0] not in ("_delta_log", STAGING_ROOT)
+            and (p.is_file() and p.suffix != ".parquet" or p.name.startswith(("_", ".")))
+        ]
+        assert not others, f"files that are no data files in the table's folders: {others}"
         staged = Path(self.target) / STAGING_ROOT
         stray = [p for p in staged.rglob("*") if p.is_file() and not p.name.endswith(".dir")]
         assert not stray, f"data in the staging area: {stray}"

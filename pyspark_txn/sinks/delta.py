@@ -297,6 +297,16 @@ class DeltaSinkOptions:
                 "option partitionBy: at least one column must not be a partition column"
             )
 
+    def target_meta(self, arrow_schema, base_version: int | None) -> dict[str, Any]:
+        """What phase 2 needs of the stream besides the files (kept in the record)."""
+        return {
+            "uri": self.path,
+            "arrow_schema": schema_to_b64(arrow_schema),
+            "partition_by": list(self.partition_by),
+            "merge_schema": self.merge_schema,
+            "base_version": base_version,
+        }
+
     def record_store(self) -> RecordStore:
         return RecordStore(DeltaEventLog(self.record_table, dict(self.storage_options)))
 
@@ -338,7 +348,7 @@ class DeltaSinkOptions:
         snapshots.serve_export_requests(handle, state, record, version)
 
     def light_committer(self) -> LightCommitter:
-        return LightCommitter(self.target(), self.sink_id)
+        return LightCommitter(self.target(), self.sink_id, self.faults)
 
     def staging(self) -> StagingConfig:
         return StagingConfig(
@@ -437,15 +447,6 @@ class TxnDeltaStreamWriter(WriterBase):
             txns=[h.to_json() for h in handles],
         )
 
-    def _target_meta(self, base_version: int | None) -> dict[str, Any]:
-        return {
-            "uri": self.opts.path,
-            "arrow_schema": schema_to_b64(self.arrow_schema),
-            "partition_by": list(self.opts.partition_by),
-            "merge_schema": self.opts.merge_schema,
-            "base_version": base_version,
-        }
-
     def commit(self, messages, batchId: int) -> None:
         worker_logging(self.opts.log_level)
         msgs = [m for m in messages if m is not None]
@@ -456,7 +457,7 @@ class TxnDeltaStreamWriter(WriterBase):
                 msgs[0].token if msgs else "",
                 [TxnHandle.from_json(t) for m in msgs for t in m.txns],
                 query_id=read_query_id(self.opts.checkpoint_location, fs_options),
-                target_meta=self._target_meta(None),
+                target_meta=self.opts.target_meta(self.arrow_schema, None),
             )
             return
         committer = self.opts.committer()
@@ -482,14 +483,16 @@ class TxnDeltaStreamWriter(WriterBase):
             source_offsets=offsets,
             query_id=read_query_id(self.opts.checkpoint_location, fs_options),
             query_name=self.opts.query_name,
-            target_meta=self._target_meta(_delta_target(committer).base_version()),
+            target_meta=self.opts.target_meta(
+                self.arrow_schema, _delta_target(committer).base_version()
+            ),
         )
 
     def abort(self, messages, batchId: int) -> None:
         worker_logging(self.opts.log_level)
         if self.opts.light:
             for token in sorted({m.token for m in messages if m}):
-                self.opts.light_committer().abort(token)
+                self.opts.light_committer().abort(token, batchId)
             return
         committer = self.opts.committer()
         for snapshot_id, token in sorted({(m.snapshot_id, m.token) for m in messages if m}):

@@ -5,56 +5,71 @@ here Spark's parquet writer stages the batch on the executors and only the
 driver runs Python: allocate, stage, record, phase 2 -- the same
 :class:`TwoPhaseCommitter`, :class:`DeltaTarget`, options and record table as
 ``txn-delta``, so fencing, recovery, retention and snapshots behave the same.
+``mode=light`` commits with :class:`LightCommitter` instead (app transaction
+only, no records), as ``txn-delta`` does.
 
 Per batch (all in the driver, in the ``foreachBatch`` callback):
 
-1. a batch Spark already asked for (at or below the last record) is handed
-   to the committer with nothing staged: a replay is a no-op, and nothing is
-   written for it;
-2. allocate a snapshot id and token (safe);
-3. write the attempt's marker naming the table root into
-   ``txn-staged/<sink>/<snapshot>-<token>/``, then run Spark's write into
-   ``txn-staged/<sink>/<snapshot>-<token>/spark/`` -- every file Spark leaves
-   there (task temporaries, a failed job's leftovers) is under the attempt's
-   staging folder, which the sweep and ``discard`` already list;
-4. rename each non-empty parquet file into the table root under the staging
-   layout's name ``part-<sink>-<snapshot>-<token>-00000-<attempt>-<n>.parquet``
-   (found through the marker if anything fails from here on), read its bytes
-   for size, CRC32 and footer (rows, Delta stats), fsync (local disks);
-5. ``committer.commit`` with Spark's offsets of the batch and Spark's run id;
-   on any failure before that returns, ``committer.abort`` (as Spark's abort
-   does for ``txn-delta``).
+1. a batch already decided is not written again: in snapshot mode one at or
+   below the last record is handed to the committer with nothing staged (it
+   recognises the replay); in light mode one the table's app transaction
+   holds is skipped;
+2. allocate a snapshot id and token (light mode: ``LIGHT_SNAPSHOT_ID`` and a
+   fresh token);
+3. run Spark's write (``partitionBy`` for partitioned tables, rows never
+   leave the JVM) into ``txn-staged/<sink>/<snapshot>-<token>/spark/``: every
+   file Spark leaves there (task temporaries, ``.crc``, a failed job's
+   output) is under the attempt's staging folder, which the sweep and
+   ``discard`` already list;
+4. map each of Spark's ``c=v/`` folders to the partition values ``txn-delta``
+   would write for the same rows, write one marker per target folder
+   (``hive_dir``) into the attempt's staging folder, then rename each
+   parquet file there under the staging layout's name
+   ``part-<sink>-<snapshot>-<token>-00000-<attempt>-<n>.parquet`` and read
+   its bytes for size, CRC32 and footer (rows, Delta stats), fsync (local
+   disks);
+5. commit (``TwoPhaseCommitter.commit`` with Spark's offsets of the batch and
+   Spark's run id, or ``LightCommitter.commit``); on any failure before that
+   returns, abort as Spark's abort does for ``txn-delta``.
 
 A whole attempt is one "task attempt" in the staging layout (partition
-``00000``), so ``discard(keep=committed)`` knows the root holds no other file
-of it and does not list the table root after phase 2.
+``00000``), so ``discard(keep=committed)`` knows no folder holds another file
+of it and lists none after phase 2.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import uuid
 import zlib
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import date
 from typing import Any
 
 from .. import _fs
 from ..checkpoint import read_batch_offsets, read_query_id
-from ..errors import ConfigError
-from ..state import TxnHandle
+from ..errors import ConfigError, ProtocolViolation, TxnError
+from ..state import TxnHandle, new_token
 from .delta import DeltaSinkOptions, spark_to_arrow_schema
-from .delta_target import check_writable_schema, schema_to_b64
+from .delta_target import DeltaTarget, check_writable_schema
+from .light import LIGHT_SNAPSHOT_ID
 from .staging import (
-    MARKER_SUFFIX,
+    HIVE_NULL,
     data_file_prefix,
     delta_stats,
     dictionary_columns,
+    fsync_folders,
+    hive_dir,
+    marker_name,
+    partition_value,
     snapshot_dir,
+    write_marker,
 )
-from .twophase import TwoPhaseCommitter
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +82,17 @@ _SPARK_CODECS = {
     "gzip": "gzip",
     "none": "none",
 }
-# Options of txn-delta the fast path cannot honour yet: refused by name, not ignored.
+# Options of txn-delta the fast path cannot honour: refused by name, not ignored.
 _UNSUPPORTED = {
-    "partitionby": "partitionBy (partitioned tables: use format('txn-delta') for now)",
     "rowgrouprows": "rowGroupRows (Spark's parquet writer sizes row groups by bytes: "
     "set spark.hadoop.parquet.block.size)",
-    "mode": "mode (the fast path keeps snapshot records; light mode is txn-delta only)",
 }
+# Spark writes a string partition value as this letter and the value: Spark writes
+# the empty string and the text __HIVE_DEFAULT_PARTITION__ into null's folder, so
+# without it they could not be told from null.
+_TAG = "v"
+# Spark's escape of a character in a folder name (ExternalCatalogUtils.escapePathName)
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
 
 
 def delta_batch_writer(path: str, checkpoint: str, **options: Any) -> DeltaBatchWriter:
@@ -82,8 +101,9 @@ def delta_batch_writer(path: str, checkpoint: str, **options: Any) -> DeltaBatch
 
     ``checkpoint`` must be the query's ``checkpointLocation`` (Spark's offsets of each
     batch and its query id are read there). Other options are ``txn-delta``'s
-    (``sinkId``, ``recordTable``, ``mergeSchema``, ``compression``, ``targetFileRows``,
-    ``retainSnapshots``, ``storageOptions``, ``fs.*``, ``delta.*`` ...)::
+    (``partitionBy``, ``mode``, ``sinkId``, ``recordTable``, ``mergeSchema``,
+    ``compression``, ``targetFileRows``, ``retainSnapshots``, ``storageOptions``,
+    ``fs.*``, ``delta.*`` ...; not ``rowGroupRows``)::
 
         df.writeStream.foreachBatch(pyspark_txn.delta_batch_writer(
             path="/data/t", checkpoint="/chk/q")).option("checkpointLocation", "/chk/q").start()
@@ -183,7 +203,7 @@ class DeltaBatchWriter:
                 f"{query_id}, but this batch is of query {job.query_id}: pass the query's own "
                 "checkpointLocation as checkpoint="
             )
-        if job.run_id is None:
+        if job.run_id is None and not opts.light:
             raise ConfigError(
                 "delta_batch_writer: Spark's run id of this batch is not visible (its job "
                 "description and job group are missing): call the writer directly in the "
@@ -207,15 +227,19 @@ class DeltaBatchWriter:
                 "query's own checkpointLocation as checkpoint= (asynchronous progress "
                 "tracking, which writes offsets late, is not supported)"
             )
+        arrow_schema = spark_to_arrow_schema(df.schema)
+        opts.check_schema(arrow_schema)
+        check_writable_schema(arrow_schema)
         opts = self.opts
+        target = opts.target()
+        target.check_stream_schema(arrow_schema, opts.merge_schema)
+        if opts.light:
+            self._light_batch(df, batch_id, target, query_id, arrow_schema)
+            return
         committer = opts.committer()
         if not self._record_table_ready:
             committer.store.log.create_if_missing()
             self._record_table_ready = True
-        arrow_schema = spark_to_arrow_schema(df.schema)
-        check_writable_schema(arrow_schema)
-        target = opts.target()
-        target.check_stream_schema(arrow_schema, opts.merge_schema)
         commit_kw: dict[str, Any] = dict(
             run_id=job.run_id,
             source_offsets=offsets,
@@ -226,54 +250,129 @@ class DeltaBatchWriter:
         replay = last is not None and batch_id <= last.batch_id
         snapshot_id, token = committer.allocate()
         try:
-            if replay:
-                # Decided before: the committer recognises the replay (or a checkpoint
-                # that went back) from the record; Spark's write never runs.
-                txns: list[TxnHandle] = []
-            else:
-                txns = self._stage(df, snapshot_id, token)
-                opts.faults.hit("phase1", snapshot=snapshot_id)
+            # A replay was decided before: the committer recognises it (or a checkpoint
+            # that went back) from the record; Spark's write never runs.
+            txns = [] if replay else self._stage(df, arrow_schema, batch_id, snapshot_id, token)
             committer.commit(
                 batch_id,
                 snapshot_id,
                 token,
                 txns,
-                target_meta={
-                    "uri": opts.path,
-                    "arrow_schema": schema_to_b64(arrow_schema),
-                    "partition_by": [],
-                    "merge_schema": opts.merge_schema,
-                    "base_version": target.base_version(),
-                },
+                target_meta=opts.target_meta(arrow_schema, target.base_version()),
                 **commit_kw,
             )
         except BaseException:
-            _abort(committer, snapshot_id, token)
+            _roll_back(lambda: committer.abort(snapshot_id, token), opts.sink_id, batch_id)
+            raise
+
+    def _light_batch(
+        self, df, batch_id: int, target: DeltaTarget, query_id: str | None, arrow_schema
+    ) -> None:
+        """Light mode: the table's app transaction alone decides; a batch it holds is
+        not written again (Spark's write never runs for it)."""
+        opts = self.opts
+        done = target.committed_batch(opts.sink_id)
+        if done is not None and done >= batch_id:
+            log.info(
+                "sink %s (light): batch %d is already in the table (batch %d is); not "
+                "written again",
+                opts.sink_id,
+                batch_id,
+                done,
+            )
+            return
+        committer = opts.light_committer()
+        token = new_token()
+        try:
+            txns = self._stage(df, arrow_schema, batch_id, LIGHT_SNAPSHOT_ID, token)
+            meta = opts.target_meta(arrow_schema, None)
+            committer.commit(batch_id, token, txns, query_id=query_id, target_meta=meta)
+        except BaseException:
+            _roll_back(lambda: committer.abort(token, batch_id), opts.sink_id, batch_id)
             raise
 
     # --- phase 1 ------------------------------------------------------------------
 
-    def _stage(self, df, snapshot_id: int, token: str) -> list[TxnHandle]:
+    def _stage(
+        self, df, arrow_schema, batch_id: int, snapshot_id: int, token: str
+    ) -> list[TxnHandle]:
         """Run Spark's parquet write for the attempt; return the staged files' handles."""
         opts = self.opts
         fs, root = _fs.filesystem(opts.path, dict(opts.fs_options))
         local = _fs.is_local(opts.path)
         attempt = uuid.uuid4().hex[:8]
-        base = snapshot_dir(opts.sink_id, snapshot_id, token)
-        # The marker first: from the first renamed file on, discard finds them by it.
-        marker = _fs.join(root, base, f"00000-{attempt}-0000{MARKER_SUFFIX}")
-        _write_marker(fs, marker, local)
-        spark_dir = _fs.join(root, base, SPARK_DIR)
+        base = _fs.join(root, snapshot_dir(opts.sink_id, snapshot_id, token))
+        spark_dir = _fs.join(base, SPARK_DIR)
+        started = time.perf_counter()
+        columns = [(c, arrow_schema.field(c).type) for c in opts.partition_by]
+        self._spark_write(df, spark_dir, [c for c, t in columns if _is_string(t)])
+        wrote = time.perf_counter()
+        prefix = data_file_prefix(opts.sink_id, snapshot_id, token)
+        folders: dict[str, int] = {}  # target folder -> its marker's number
+        moves: list[_Move] = []
+        for n, (src, values) in enumerate(_spark_output(fs, spark_dir, columns)):
+            rel_dir = hive_dir(values)
+            folders.setdefault(rel_dir, len(folders))
+            name = f"{prefix}00000-{attempt}-{n:04d}.parquet"
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            moves.append(_Move(src, rel, values, _spark_partition(src)))
+        # Every folder's marker before any file goes there: from the first renamed file
+        # on, discard and the sweep find the attempt's files through them.
+        for rel_dir, k in folders.items():
+            write_marker(fs, _fs.join(base, marker_name(0, attempt, k)), rel_dir, local)
+        for rel_dir in folders:
+            if rel_dir:
+                fs.makedirs(_fs.join(root, rel_dir), exist_ok=True)
+        for i, m in enumerate(moves):
+            fs.mv(m.src, _fs.join(root, m.rel))
+            if i == 0:
+                opts.faults.hit("mid_phase1", batch_id, snapshot=snapshot_id)
+        import pyarrow as pa
+
+        file_schema = pa.schema([f for f in arrow_schema if f.name not in opts.partition_by])
+        with ThreadPoolExecutor(min(8, max(1, len(moves)))) as pool:
+            handles = list(pool.map(lambda m: _measure(fs, root, m, local, file_schema), moves))
+        if local:
+            fsync_folders(root, folders)
+        # Spark's leftovers (.crc files, empty task folders) go now; a crash leaves
+        # them under the attempt's folder, where discard finds them.
+        if fs.exists(spark_dir):
+            fs.rm(spark_dir, recursive=True)
+        log.info(
+            "sink %s: snapshot %d staged by Spark: %d files in %d folders; Spark's write "
+            "%.0f ms, rename/CRC/footers/fsync %.0f ms",
+            opts.sink_id,
+            snapshot_id,
+            len(handles),
+            len(folders),
+            (wrote - started) * 1000,
+            (time.perf_counter() - wrote) * 1000,
+        )
+        empty = [h for h in handles if h.rows == 0]
+        if empty:  # Spark writes a schema-only file for an empty batch: never committed
+            fs.rm([_fs.join(root, h.handle) for h in empty])
+        opts.faults.hit("phase1", batch_id, snapshot=snapshot_id)
+        return [h for h in handles if h.rows > 0]
+
+    def _spark_write(self, df, spark_dir: str, tagged: Sequence[str]) -> None:
+        """Spark's write of the batch into ``spark_dir`` (string partition columns tagged,
+        see ``_TAG``: the tag is in folder names only, never in a file)."""
+        from pyspark.sql import functions as F
+
+        opts = self.opts
+        if tagged:
+            df = df.withColumns({c: F.concat(F.lit(_TAG), F.col(_quoted(c))) for c in tagged})
         writer = (
             df.write.mode("error")
             .option("compression", _SPARK_CODECS[opts.compression])
             .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
             .options(**_encoding_options(df.schema))
         )
+        if opts.partition_by:
+            writer = writer.partitionBy(*opts.partition_by)
         if opts.target_file_rows:
             writer = writer.option("maxRecordsPerFile", str(opts.target_file_rows))
-        started = time.perf_counter()
-        conf = df.sparkSession.conf
+        conf = df.sparkSession.conf  # the query's own session (Spark clones one per query)
         key = "spark.sql.parquet.outputTimestampType"
         previous = conf.get(key, None)
         conf.set(key, "TIMESTAMP_MICROS")  # INT96 has no Delta stats; delta-rs reads micros
@@ -284,67 +383,18 @@ class DeltaBatchWriter:
                 conf.unset(key)
             else:
                 conf.set(key, previous)
-        wrote = time.perf_counter()
-        written = sorted(
-            p
-            for p in fs.ls(spark_dir, detail=False)
-            if os.path.basename(p).startswith("part-") and p.endswith(".parquet")
-        )
-        prefix = data_file_prefix(opts.sink_id, snapshot_id, token)
-        moves = []
-        for n, src in enumerate(written):
-            name = f"{prefix}00000-{attempt}-{n:04d}.parquet"
-            moves.append((src, _fs.join(root, name), name, _spark_partition(src)))
-        for src, dst, _, _ in moves:
-            fs.mv(src, dst)
-        file_schema = spark_to_arrow_schema(df.schema)
-        with ThreadPoolExecutor(min(8, max(1, len(moves)))) as pool:
-            handles = list(
-                pool.map(lambda m: _measure(fs, m[1], m[2], m[3], local, file_schema), moves)
-            )
-        if local:
-            _fs.fsync_dir(root)
-        # Spark's leftovers (.crc files, empty task folders) go now; a crash leaves
-        # them under the attempt's folder, where discard finds them.
-        fs.rm(spark_dir, recursive=True)
-        log.info(
-            "sink %s: snapshot %d staged by Spark: %d files; Spark's write %.0f ms, "
-            "rename/CRC/footers/fsync %.0f ms",
-            opts.sink_id,
-            snapshot_id,
-            len(handles),
-            (wrote - started) * 1000,
-            (time.perf_counter() - wrote) * 1000,
-        )
-        empty = [h for h in handles if h.rows == 0]
-        if empty:  # Spark writes a schema-only file for an empty batch: never committed
-            fs.rm([_fs.join(root, h.handle) for h in empty])
-        return [h for h in handles if h.rows > 0]
 
 
-def _abort(committer: TwoPhaseCommitter, snapshot_id: int, token: str) -> None:
+def _roll_back(undo: Callable[[], None], sink_id: str, batch_id: int) -> None:
     try:
-        committer.abort(snapshot_id, token)
+        undo()
     except Exception as e:  # the first error is the one to report; recovery sweeps
         log.warning(
-            "sink %s: rolling back snapshot %d after a failure failed: %r",
-            committer.sink_id,
-            snapshot_id,
+            "sink %s: rolling back the attempt of batch %d after a failure failed: %r",
+            sink_id,
+            batch_id,
             e,
         )
-
-
-def _write_marker(fs, path: str, local: bool) -> None:
-    if local:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:  # names the table root
-            f.flush()
-            os.fsync(f.fileno())
-        _fs.fsync_dir(os.path.dirname(path))
-        return
-    fs.makedirs(os.path.dirname(path), exist_ok=True)
-    with fs.open(path, "w") as f:
-        f.write("")
 
 
 def _encoding_options(spark_schema) -> dict[str, str]:
@@ -362,17 +412,110 @@ def _spark_uri(path: str) -> str:
     return f"file://{path}" if _fs.is_local(path) else path
 
 
+def _quoted(column: str) -> str:
+    """A column name as Spark's parser reads it literally (dots, spaces, backticks)."""
+    return "`" + column.replace("`", "``") + "`"
+
+
+def _is_string(t) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _spark_output(
+    fs, spark_dir: str, columns: Sequence[tuple[str, Any]]
+) -> list[tuple[str, dict[str, str | None]]]:
+    """Spark's data files under ``spark_dir``, sorted, each with its partition values
+    as ``txn-delta`` spells them. Spark's own files (``_SUCCESS``, ``.crc``,
+    ``_temporary``) are not data files."""
+    if not fs.exists(spark_dir):
+        return []
+    top = spark_dir.rstrip("/") + "/"
+    out = []
+    for path in sorted(fs.find(spark_dir)):
+        rel = path[len(top) :] if path.startswith(top) else path
+        *folders, name = rel.split("/")
+        if not (name.startswith("part-") and name.endswith(".parquet")) or (
+            folders and folders[0] == "_temporary"
+        ):
+            continue
+        if len(folders) != len(columns):
+            raise ProtocolViolation(
+                f"Spark's output file {rel} is not in one folder per partition column "
+                f"{[c for c, _ in columns]}"
+            )
+        values: dict[str, str | None] = {}
+        for folder, (column, t) in zip(folders, columns, strict=True):
+            key, sep, raw = folder.partition("=")
+            if not sep or _unescape(key) != column:
+                raise ProtocolViolation(
+                    f"Spark's output folder {folder!r} is not one of partition column {column!r}"
+                )
+            values[column] = _folder_value(column, raw, t)
+        out.append((path, values))
+    return out
+
+
+def _unescape(text: str) -> str:
+    """Spark's ``unescapePathName``: ``%XX`` is the character XX (Spark escapes only
+    ASCII characters, and every ``%``; others are in the name as they are)."""
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
+
+
+def _folder_value(column: str, raw: str, t) -> str | None:
+    """A partition value of a Spark folder name, spelled by ``partition_value`` from the
+    Python value txn-delta would have (so both write the same string)."""
+    if raw == HIVE_NULL:  # null (and the empty string: Spark writes it as null)
+        return None
+    import pyarrow as pa
+
+    text = _unescape(raw)
+    value: Any
+    if _is_string(t):
+        if not text.startswith(_TAG):
+            raise ProtocolViolation(f"Spark's folder value {raw!r} of {column!r} lacks its tag")
+        value = text[len(_TAG) :]
+    elif pa.types.is_boolean(t):
+        if text not in ("true", "false"):
+            raise ProtocolViolation(f"Spark's folder value {raw!r} of {column!r} is no boolean")
+        value = text == "true"
+    elif pa.types.is_date32(t):
+        try:
+            value = date.fromisoformat(text)
+        except ValueError:  # txn-delta fails on such a date as well (no Python date)
+            raise TxnError(
+                f"column {column!r}: Spark wrote the partition value {text!r}, which is not "
+                "a date of the years 1 to 9999 that the Delta log can hold; filter such "
+                "rows out before the sink"
+            ) from None
+    else:
+        value = int(text)
+    return partition_value(value)
+
+
 def _spark_partition(path: str) -> int:
     """The task partition in Spark's file name ``part-00003-<uuid>-c000...``."""
     parts = os.path.basename(path).split("-")
     return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
 
 
-def _measure(fs, path: str, rel: str, partition: int, local: bool, schema) -> TxnHandle:
+@dataclass(frozen=True)
+class _Move:
+    """One of Spark's files and where it goes in the table (relative to the root)."""
+
+    src: str
+    rel: str
+    values: Mapping[str, str | None]
+    partition: int
+
+
+def _measure(fs, root: str, move: _Move, local: bool, schema) -> TxnHandle:
     """Size, CRC32, rows and Delta stats of one staged file, from one read of it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    path = _fs.join(root, move.rel)
     if local:
         with open(path, "rb") as f:
             data = f.read()
@@ -382,13 +525,13 @@ def _measure(fs, path: str, rel: str, partition: int, local: bool, schema) -> Tx
             data = f.read()
     metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
     return TxnHandle(
-        partition=partition,
-        handle=rel,
+        partition=move.partition,
+        handle=move.rel,
         rows=metadata.num_rows,
         bytes=len(data),
         checksum=f"crc32:{zlib.crc32(data):08x}",
         meta={
-            "partition_values": {},
+            "partition_values": dict(move.values),
             "stats": delta_stats(metadata, schema),
             "mtime": int(time.time() * 1000),
         },

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..faults import NO_FAULTS, FaultPlan
 from ..state import TxnHandle
 from .delta_target import DeltaTarget
 
@@ -28,9 +29,10 @@ LIGHT_SNAPSHOT_ID = 0
 
 
 class LightCommitter:
-    def __init__(self, target: DeltaTarget, sink_id: str) -> None:
+    def __init__(self, target: DeltaTarget, sink_id: str, faults: FaultPlan = NO_FAULTS) -> None:
         self.target = target
         self.sink_id = sink_id
+        self.faults = faults
 
     def commit(
         self,
@@ -44,6 +46,7 @@ class LightCommitter:
         """Commit ``batch_id`` unless the table already holds it; return the new version."""
         started = time.perf_counter()
         version, held = self.target.commit_batch(batch_id, txns, query_id, target_meta)
+        self.faults.hit("after_phase2", batch_id)
         if held:
             log.info(
                 "sink %s (light): batch %d is already in the table; this attempt's files go",
@@ -52,6 +55,7 @@ class LightCommitter:
             )
             self.target.discard(LIGHT_SNAPSHOT_ID, token)
         self.target.forget(LIGHT_SNAPSHOT_ID, token)
+        self.faults.hit("after_commit", batch_id)
         if held:
             return None
         log.info(
@@ -66,6 +70,20 @@ class LightCommitter:
         )
         return version
 
-    def abort(self, token: str) -> None:
-        self.target.discard(LIGHT_SNAPSHOT_ID, token)
+    def abort(self, token: str, batch_id: int) -> None:
+        """Roll back one attempt's files, unless the table holds ``batch_id``: a commit
+        that landed and then failed (or a failure after it) must keep its files, and
+        without a record there is no telling whose files the table holds. Files kept
+        that the table does not hold are left to VACUUM, as a crashed attempt's are."""
+        done = self.target.committed_batch(self.sink_id)
+        if done is not None and done >= batch_id:
+            log.warning(
+                "sink %s (light): batch %d failed after the table got batch %d; this "
+                "attempt's files are kept (VACUUM removes any the table does not hold)",
+                self.sink_id,
+                batch_id,
+                done,
+            )
+        else:
+            self.target.discard(LIGHT_SNAPSHOT_ID, token)
         self.target.forget(LIGHT_SNAPSHOT_ID, token)

@@ -70,6 +70,39 @@ HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _PATH_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
+def marker_name(partition: int, attempt: str, k: int) -> str:
+    """The ``k``-th marker of task attempt ``<partition>-<attempt>``."""
+    return f"{partition:05d}-{attempt}-{k:04d}{MARKER_SUFFIX}"
+
+
+def write_marker(fs, path: str, rel_dir: str, local: bool) -> None:
+    """Write a marker naming ``rel_dir`` (relative to the table root; "" is the root),
+    durably, before the first file of its attempt goes into that folder."""
+    if local:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(rel_dir)
+            f.flush()
+            os.fsync(f.fileno())
+        _fs.fsync_dir(os.path.dirname(path))
+        return
+    fs.makedirs(os.path.dirname(path), exist_ok=True)
+    with fs.open(path, "w") as f:
+        f.write(rel_dir)
+
+
+def fsync_folders(root: str, rel_dirs: Iterable[str]) -> None:
+    """Make the entries of files in ``rel_dirs`` durable (local disks), and those of the
+    folders themselves: every folder up to the table root, which is synced last."""
+    folders: set[str] = set()
+    for rel_dir in rel_dirs:
+        parts = [p for p in rel_dir.split("/") if p]
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    for rel in sorted(folders, key=lambda d: -d.count("/")):  # deepest first
+        _fs.fsync_dir(_fs.join(root, rel))
+    _fs.fsync_dir(root)
+
+
 def hive_dir(partition_values: Mapping[str, str | None]) -> str:
     """``col=value/...`` with every byte outside ``[A-Za-z0-9._-]`` percent-encoded (as
     delta-rs writes them), null as Hive's default partition."""
@@ -133,7 +166,7 @@ class _ChecksumWriter:
         return f"crc32:{self.crc:08x}"
 
 
-def _partition_value(v: Any) -> str | None:
+def partition_value(v: Any) -> str | None:
     """A partition value as the Delta log spells it. An empty string is null there (the
     protocol's rule, and what Spark writes), so it is written as null."""
     if v is None or v == "":
@@ -596,19 +629,8 @@ class PartitionStager:
         write there: how aborts and sweeps find every file, even of a crashed task."""
         if rel_dir in self.marked:
             return
-        name = f"{self.partition:05d}-{self.attempt}-{len(self.marked):04d}{MARKER_SUFFIX}"
-        full = _fs.join(self.fs_root, self.marker_dir, name)
-        if self.local:
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(full, "w", encoding="utf-8") as f:
-                f.write(rel_dir)
-                f.flush()
-                os.fsync(f.fileno())
-            _fs.fsync_dir(os.path.dirname(full))
-        else:
-            self.fs.makedirs(_fs.join(self.fs_root, self.marker_dir), exist_ok=True)
-            with self.fs.open(full, "w") as f:
-                f.write(rel_dir)
+        name = marker_name(self.partition, self.attempt, len(self.marked))
+        write_marker(self.fs, _fs.join(self.fs_root, self.marker_dir, name), rel_dir, self.local)
         self.marked.add(rel_dir)
 
     def open_new_file(self, rel_dir: str):
@@ -641,7 +663,7 @@ class PartitionStager:
             out = self.outputs.get(key)
             if out is None:
                 values = {
-                    c: _partition_value(v) for c, v in zip(self.cfg.partition_by, key, strict=True)
+                    c: partition_value(v) for c, v in zip(self.cfg.partition_by, key, strict=True)
                 }
                 out = self.outputs[key] = _RollingFile(self, values)
             out.add(part.select([f.name for f in self.file_schema]))
@@ -651,8 +673,7 @@ class PartitionStager:
             out.finish()
         self.wait()
         if self.local:
-            for rel_dir in self.marked:
-                _fs.fsync_dir(_fs.join(self.fs_root, rel_dir))
+            fsync_folders(self.fs_root, self.marked)
         return self.handles
 
 

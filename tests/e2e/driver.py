@@ -1,12 +1,13 @@
 """A whole pipeline driver in its own process, for kill -9 and fencing tests.
 
 usage: driver.py BASE TOTAL PER_BATCH [--continuous RATE] [--redis URL] [--fast]
-                 [--option KEY=VALUE ...]
+                 [--option KEY=VALUE ...] [--column NAME=SQL ...]
 
 With ``--redis URL`` the source is ``txn-redis`` (stream ``orders``, group ``g``
 from the stream's start, PER_BATCH messages a batch) instead of ``txn-sequence``.
 With ``--fast`` the sink is the fast path (``delta_batch_writer`` in foreachBatch)
-with the same options, instead of ``txn-delta``.
+with the same options, instead of ``txn-delta``. ``--column NAME=SQL`` adds a column
+computed from the source's (e.g. one to partition by).
 """
 
 import sys
@@ -33,12 +34,18 @@ def main() -> int:
         reader = reader.option("totalRows", total)
     if continuous:
         reader = reader.option("rowsPerSecond", sys.argv[sys.argv.index("--continuous") + 1])
-    options = {}
+    options, columns = {}, []
     for i, arg in enumerate(sys.argv):
-        if arg == "--option":
+        if arg in ("--option", "--column"):
             key, _, value = sys.argv[i + 1].partition("=")
-            options[key] = value
-    w = reader.load().writeStream.option("checkpointLocation", f"{base}/chk")
+            if arg == "--option":
+                options[key] = value
+            else:
+                columns.append(f"{value} AS `{key}`")
+    df = reader.load()
+    if columns:
+        df = df.selectExpr("*", *columns)
+    w = df.writeStream.option("checkpointLocation", f"{base}/chk")
     if "--fast" in sys.argv:
         sink = pyspark_txn.delta_batch_writer(
             path=f"{base}/target", checkpoint=f"{base}/chk", **options

@@ -19,35 +19,45 @@ pytestmark = [pytest.mark.spark]
 TOTAL, PER_BATCH = 6000, 1000
 
 
-def _check(base, total=TOTAL, per_batch=PER_BATCH):
+# A partitioned table: the column the driver adds (PipelineRunner.partitions' form)
+PARTITIONS = {"bucket": ("CAST(id % 3 AS STRING)", lambda i: str(i % 3))}
+PARTITIONED = ("--column", f"bucket={PARTITIONS['bucket'][0]}", "--option", "partitionBy=bucket")
+
+
+def _check(base, total=TOTAL, per_batch=PER_BATCH, partitioned=False):
     runner = PipelineRunner(None, base, total=total, per_batch=per_batch)
+    if partitioned:
+        runner.partitions = PARTITIONS
     runner.assert_exactly_once()
     runner.assert_no_orphans()
     runner.assert_records_consistent()
 
 
 @pytest.mark.parametrize(
-    "fault",
+    ("fault", "partitioned"),
     [
         # about a minute each (two driver starts): one in the bounded set, the rest slow
-        "after_record:exit@batch=2",
-        pytest.param("phase1:exit@snapshot=2", marks=pytest.mark.slow),
-        pytest.param("before_record:exit@batch=1", marks=pytest.mark.slow),
-        pytest.param("after_phase2:exit@batch=1", marks=pytest.mark.slow),
-        pytest.param("after_commit:exit@batch=3", marks=pytest.mark.slow),
+        ("after_record:exit@batch=2", False),
+        pytest.param("phase1:exit@snapshot=2", False, marks=pytest.mark.slow),
+        # markers written, some of Spark's files in partition folders, the rest not
+        pytest.param("mid_phase1:exit@batch=2", True, marks=pytest.mark.slow),
+        pytest.param("before_record:exit@batch=1", False, marks=pytest.mark.slow),
+        pytest.param("after_phase2:exit@batch=1", True, marks=pytest.mark.slow),
+        pytest.param("after_commit:exit@batch=3", False, marks=pytest.mark.slow),
     ],
 )
-def test_driver_exit_at_a_protocol_step_then_restart(tmp_path, fault):
+def test_driver_exit_at_a_protocol_step_then_restart(tmp_path, fault, partitioned):
+    layout = PARTITIONED if partitioned else ()
     crashed = start_driver(
-        tmp_path, TOTAL, PER_BATCH, "--fast", "--option", f"faultInjection={fault}"
+        tmp_path, TOTAL, PER_BATCH, "--fast", *layout, "--option", f"faultInjection={fault}"
     )
     crashed.wait(timeout=300)
     assert crashed.returncode == 86, output(crashed)[-3000:]  # faults.EXIT_CODE
     kill_group(crashed)  # the JVM of the dead driver, if it lingers
-    final = start_driver(tmp_path, TOTAL, PER_BATCH, "--fast")
+    final = start_driver(tmp_path, TOTAL, PER_BATCH, "--fast", *layout)
     final.wait(timeout=300)
     assert final.returncode == 0, output(final)[-3000:]
-    _check(tmp_path)
+    _check(tmp_path, partitioned=partitioned)
 
 
 @pytest.mark.slow

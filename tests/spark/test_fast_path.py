@@ -8,8 +8,13 @@ so in-process cases use ``raise``; ``tests/e2e`` kills whole drivers.
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+from collections.abc import Callable
+from datetime import date
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,9 +22,11 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from pipeline_checks import PipelineRunner
+from test_sink import drop_commit_log
 
 import pyspark_txn
 from pyspark_txn.errors import ConfigError
+from pyspark_txn.sinks.staging import STAGING_ROOT
 
 pytestmark = pytest.mark.spark
 
@@ -28,36 +35,52 @@ class FastRunner(PipelineRunner):
     """PipelineRunner's source and checks, the fast path as the sink."""
 
     fail_at_id: int | None = None  # a row id whose batch's Spark write job fails
+    on_batch: Callable[[int], None] | None = None  # called before the sink, per batch
 
     def writer(self, faults: str | None = None, width: int = 0, **options):
         from pyspark.sql import functions as F
 
-        df = (
-            self.spark.readStream.format("txn-sequence")
-            .option("rowsPerBatch", self.per_batch)
-            .option("totalRows", self.total)
-            .option("width", width)
-            .option("start", self.start)
-            .load()
-        )
-        if faults:
-            options["faultInjection"] = faults
         sink = pyspark_txn.delta_batch_writer(
-            path=self.target, checkpoint=self.checkpoint, **options
+            path=self.target, checkpoint=self.checkpoint, **self.sink_options(faults, options)
         )
-        fail_at = self.fail_at_id
+        fail_at, on_batch = self.fail_at_id, self.on_batch
 
         def batch(bdf, batch_id):
+            if on_batch is not None:
+                on_batch(batch_id)
             if fail_at is not None:  # fails inside the executors' write tasks
                 bdf = bdf.filter(F.assert_true(F.col("id") != F.lit(fail_at)).isNull())
             sink(bdf, batch_id)
 
-        return df.writeStream.foreachBatch(batch).option("checkpointLocation", self.checkpoint)
+        w = self.source(width).writeStream.foreachBatch(batch)
+        return w.option("checkpointLocation", self.checkpoint)
+
+
+# Partition columns of the partitioned runs: a string column with the values Spark's
+# folder names cannot tell apart by themselves ('' and the text of Hive's null folder
+# name, besides null), escaped characters and unicode; a negative integer.
+_S = [None, None, "a/b=%c?#", "é 日本 😀", "__HIVE_DEFAULT_PARTITION__"]
+PARTITIONS = {
+    "s": (
+        "CASE id % 5 WHEN 0 THEN '' WHEN 1 THEN NULL WHEN 2 THEN 'a/b=%c?#' "
+        "WHEN 3 THEN 'é 日本 😀' ELSE '__HIVE_DEFAULT_PARTITION__' END",
+        lambda i: _S[i % 5],
+    ),
+    "n": ("CAST(id % 3 - 1 AS INT)", lambda i: i % 3 - 1),
+}
 
 
 @pytest.fixture
 def fast(spark, tmp_path):
     return FastRunner(spark, tmp_path)
+
+
+@pytest.fixture(params=[False, True], ids=["flat", "partitioned"])
+def layout(request, fast):
+    """The fast path runner, unpartitioned and partitioned by PARTITIONS."""
+    if request.param:
+        fast.partitions = PARTITIONS
+    return fast
 
 
 def _check(runner: PipelineRunner) -> None:
@@ -90,6 +113,7 @@ def test_several_batches_exactly_once(fast):
 CASES = [
     "allocate:raise",  # (allocation knows no batch id)
     "phase1:raise@snapshot=2",
+    "mid_phase1:raise@batch=1",  # some of Spark's files in the table, the rest not yet
     "before_record:raise@batch=1",
     "after_record:raise@batch=1",
     "after_phase2:raise@batch=2",
@@ -98,22 +122,22 @@ CASES = [
 
 
 @pytest.mark.parametrize("fault", CASES)
-def test_fault_then_restart_is_exactly_once(fast, fault):
-    failure = fast.run(fault)
+def test_fault_then_restart_is_exactly_once(layout, fault):
+    failure = layout.run(fault)
     assert failure is not None, "the injected fault must fail the query"
     assert "injected fault" in str(failure)
-    assert fast.run() is None
-    _check(fast)
+    assert layout.run() is None
+    _check(layout)
 
 
-def test_a_failed_spark_write_job_then_restart_is_exactly_once(fast):
-    fast.fail_at_id = 2500  # in batch 2
-    failure = fast.run()
+def test_a_failed_spark_write_job_then_restart_is_exactly_once(layout):
+    layout.fail_at_id = 2500  # in batch 2
+    failure = layout.run()
     assert failure is not None
-    fast.fail_at_id = None
-    assert fast.run() is None
-    _check(fast)
-    state = fast.sink_state()
+    layout.fail_at_id = None
+    assert layout.run() is None
+    _check(layout)
+    state = layout.sink_state()
     assert state.abandoned, "the failed attempt was abandoned"
 
 
@@ -134,18 +158,25 @@ def test_a_fault_at_every_step_in_one_pipeline(fast):
     _check(fast)
 
 
+def _replay_last_batch(runner: FastRunner, **options) -> None:
+    """Run the last batch again (Spark forgot it finished it): its Spark write job would
+    fail, so the run passes only if the write never runs."""
+    drop_commit_log(runner.checkpoint, runner.total // runner.per_batch - 1)
+    runner.fail_at_id = runner.total - 1
+    try:
+        assert runner.run(**options) is None
+    finally:
+        runner.fail_at_id = None
+
+
 def test_a_replayed_batch_writes_nothing(fast):
     assert fast.run() is None
     version = DeltaTable(fast.target).version()
     events = len(fast.record_store().events(fast.sink_state().sink_id))
     commits = Path(fast.checkpoint) / "commits"
     last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
-    os.remove(commits / str(last))  # Spark replays batch `last` on restart
-    crc = commits / f".{last}.crc"  # Hadoop's checksum of it would block the rewrite
-    if crc.exists():
-        os.remove(crc)
     before = set(fast.data_files())
-    assert fast.run() is None
+    _replay_last_batch(fast)
     assert DeltaTable(fast.target).version() == version
     assert set(fast.data_files()) == before
     after = fast.record_store().events(fast.sink_state().sink_id)
@@ -167,19 +198,35 @@ def test_a_new_run_takes_the_epoch(fast):
     _check(fast)
 
 
-def test_unsupported_options_are_refused_by_name(tmp_path):
-    with pytest.raises(ConfigError, match="partitionBy"):
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"rowGroupRows": "10"}, "rowGroupRows"),
+        ({"checkpointLocation": "x"}, "checkpoint="),
+        ({"noSuchOption": "1"}, "unknown option"),
+        ({"partitionBy": "a,a"}, "repeats a column"),
+        # as txn-delta refuses them
+        ({"mode": "light", "recordTable": "/r"}, "recordTable applies to mode=snapshots only"),
+        ({"mode": "light", "retainSnapshots": "3"}, "retainSnapshots applies to mode=snapshots"),
+        ({"mode": "fast"}, "expected one of snapshots, light"),
+    ],
+)
+def test_unsupported_options_are_refused_by_name(tmp_path, options, message):
+    with pytest.raises(ConfigError, match=message):
         pyspark_txn.delta_batch_writer(
-            path=str(tmp_path / "t"), checkpoint=str(tmp_path / "c"), partitionBy="x"
+            path=str(tmp_path / "t"), checkpoint=str(tmp_path / "c"), **options
         )
-    with pytest.raises(ConfigError, match="checkpoint="):
-        pyspark_txn.delta_batch_writer(
-            path=str(tmp_path / "t"), checkpoint=str(tmp_path / "c"), checkpointLocation="x"
-        )
-    with pytest.raises(ConfigError, match="unknown option"):
-        pyspark_txn.delta_batch_writer(
-            path=str(tmp_path / "t"), checkpoint=str(tmp_path / "c"), noSuchOption="1"
-        )
+
+
+@pytest.mark.parametrize(
+    ("partition_by", "message"),
+    [("nope", "columns ['nope'] are not in the stream"), ("id,value", "at least one column")],
+)
+def test_bad_partition_columns_fail_before_anything_is_written(fast, partition_by, message):
+    failure = fast.run(partitionBy=partition_by)
+    assert failure is not None and message in str(failure)
+    assert not os.path.exists(fast.target)
+    assert not os.path.exists(os.path.join(fast.checkpoint, "pyspark_txn"))
 
 
 def test_a_wrong_checkpoint_is_refused(spark, tmp_path):
@@ -261,28 +308,238 @@ def test_every_type_round_trips_through_the_fast_path(spark, tmp_path):
     assert_rows_equal(back.cast(got.schema) if back.schema != got.schema else back, table)
 
 
-def test_an_empty_batch_commits_nothing_and_leaves_no_file(spark, tmp_path):
-    """Spark writes a schema-only file for an empty batch: it is never committed and
-    never left behind; the first (empty) batch still creates the table."""
+@pytest.mark.parametrize("partition_by", [None, "p"])
+def test_an_empty_batch_commits_nothing_and_leaves_no_file(spark, tmp_path, partition_by):
+    """Spark writes a schema-only file for an empty batch (none if partitioned): it is
+    never committed and never left behind; the first (empty) batch still creates the
+    table."""
     src = tmp_path / "src"
     src.mkdir()
-    schema = pa.schema([pa.field("id", pa.int64())])
-    pq.write_table(pa.table({"id": pa.array([], pa.int64())}, schema=schema), src / "a.parquet")
+
+    def rows(ids):
+        ids = pa.array(ids, pa.int64())
+        return pa.table({"id": ids, "p": pc.cast(pc.bit_wise_and(ids, 1), pa.string())})
+
+    pq.write_table(rows([]), src / "a.parquet")
     target, chk = str(tmp_path / "t"), str(tmp_path / "c")
+    options = {"partitionBy": partition_by} if partition_by else {}
 
     def run():
-        df = spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).parquet(str(src))
-        sink = pyspark_txn.delta_batch_writer(path=target, checkpoint=chk)
+        df = spark.readStream.schema("id long, p string").option("maxFilesPerTrigger", 1)
+        sink = pyspark_txn.delta_batch_writer(path=target, checkpoint=chk, **options)
         pyspark_txn.process_available(
-            df.writeStream.foreachBatch(sink).option("checkpointLocation", chk)
+            df.parquet(str(src)).writeStream.foreachBatch(sink).option("checkpointLocation", chk)
         )
 
     run()
     assert DeltaTable(target).to_pyarrow_table().num_rows == 0
-    pq.write_table(pa.table({"id": pa.array(range(5), pa.int64())}), src / "b.parquet")
+    assert DeltaTable(target).metadata().partition_columns == ([partition_by] if options else [])
+    pq.write_table(rows(range(5)), src / "b.parquet")
     run()
     runner = PipelineRunner(spark, tmp_path)
     runner.target, runner.checkpoint = target, chk
-    assert sorted(DeltaTable(target).to_pyarrow_table().column("id").to_pylist()) == [0, 1, 2, 3, 4]
+    got = DeltaTable(target).to_pyarrow_table().sort_by("id")
+    assert got.select(["id", "p"]).equals(rows(range(5)))
     runner.assert_no_orphans()
     runner.assert_records_consistent()
+
+
+# --- partitioned tables ----------------------------------------------------------------
+
+# Every character Spark escapes in folder names, others it does not, unicode, the empty
+# string, null, and texts that look like escapes or Hive's null (not NUL: Spark cannot
+# make a folder with it, and fails the batch).
+STRINGS = [
+    *"/:%=?#' \"\\{[]^*", "a b", "%41", "x=y/z", "C:\\t", "é", "日本", "😀", "\t\n\x01\x7f",
+    "~!@$&()+,;<>|`", "", None, "__HIVE_DEFAULT_PARTITION__", "null", ".", "..", "-",
+]  # fmt: skip
+
+
+def _log_adds(target: str) -> list[dict]:
+    """Every add action in the table's log, as written."""
+    log_dir = Path(target) / "_delta_log"
+    return [
+        action["add"]
+        for f in sorted(log_dir.glob("*.json"))
+        for line in f.read_text().splitlines()
+        if "add" in (action := json.loads(line))
+    ]
+
+
+def _folders(target: str) -> set[str]:
+    root = Path(target)
+    return {
+        str(p.parent.relative_to(root))
+        for p in root.rglob("*.parquet")
+        if p.relative_to(root).parts[0] not in ("_delta_log", STAGING_ROOT)
+    }
+
+
+def test_partition_values_and_folders_are_txn_delta_s(spark, tmp_path):
+    """The same rows through txn-delta and the fast path: the same partitionValues in
+    the log, the same folders on disk, the same rows read back."""
+    n = len(STRINGS)
+    longs = [-(2**63), -1, 0, 7, 2**40, None]
+    dates = [date(1, 1, 1), date(2024, 2, 29), date(9999, 12, 31), date(1582, 10, 4), None]
+    bools = [True, False, None]
+    table = pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "s": pa.array(STRINGS, pa.string()),
+            "n": pa.array([longs[i % len(longs)] for i in range(n)], pa.int64()),
+            "d": pa.array([dates[i % len(dates)] for i in range(n)], pa.date32()),
+            "b": pa.array([bools[i % len(bools)] for i in range(n)], pa.bool_()),
+            "i": pa.array([-i for i in range(n)], pa.int32()),
+        }
+    )
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(table, src / "a.parquet")
+    schema = spark.read.parquet(str(src)).schema
+    parts = "s,n,d,b,i"
+    targets = {}
+    for kind in ("fast", "txn"):
+        target, chk = str(tmp_path / kind), str(tmp_path / f"chk-{kind}")
+        w = spark.readStream.schema(schema).parquet(str(src)).writeStream
+        if kind == "fast":
+            w = w.foreachBatch(
+                pyspark_txn.delta_batch_writer(path=target, checkpoint=chk, partitionBy=parts)
+            )
+        else:
+            w = w.format("txn-delta").option("path", target).option("partitionBy", parts)
+        pyspark_txn.process_available(w.option("checkpointLocation", chk))
+        targets[kind] = target
+    fast_adds, txn_adds = _log_adds(targets["fast"]), _log_adds(targets["txn"])
+
+    def layout(adds):
+        return {
+            (os.path.dirname(a["path"]), json.dumps(a["partitionValues"], sort_keys=True))
+            for a in adds
+        }
+
+    assert layout(fast_adds) == layout(txn_adds)
+    assert len(layout(fast_adds)) == n  # a folder per row (i is unique)
+    assert _folders(targets["fast"]) == _folders(targets["txn"])
+    got = DeltaTable(targets["fast"]).to_pyarrow_table().sort_by("id")
+    want = DeltaTable(targets["txn"]).to_pyarrow_table().sort_by("id")
+    assert got.select(want.column_names).equals(want)
+    assert got.column("s").to_pylist() == [v or None for v in STRINGS]  # '' is null
+    assert got.select(["n", "d", "b", "i"]).equals(table.select(["n", "d", "b", "i"]))
+    for add in fast_adds:  # stats of the file's columns only; the files are the fast path's
+        stats = json.loads(add["stats"])
+        assert set(stats["nullCount"]) == {"id"} and set(stats["minValues"]) == {"id"}
+        assert pq.read_schema(os.path.join(targets["fast"], unquote(add["path"]))).names == ["id"]
+    runner = PipelineRunner(spark, tmp_path)
+    runner.target, runner.checkpoint = targets["fast"], str(tmp_path / "chk-fast")
+    runner.assert_no_orphans()
+    runner.assert_records_consistent()
+    (record,) = runner.sink_state().records.values()
+    assert record.target["partition_by"] == parts.split(",")
+    assert all(t.meta["partition_values"] for t in record.txns)
+
+
+# --- light mode ----------------------------------------------------------------------
+
+
+def _check_light(runner: FastRunner) -> None:
+    runner.assert_exactly_once()
+    runner.assert_no_orphans()
+    assert not os.path.exists(os.path.join(runner.checkpoint, "pyspark_txn", "records"))
+    history = DeltaTable(runner.target).history()
+    assert {h.get("pyspark_txn.mode") for h in history if "pyspark_txn.sink_id" in h} == {"light"}
+
+
+@pytest.mark.parametrize(
+    ("fault", "partitioned"),
+    [
+        ("phase1:raise@batch=2", False),
+        ("mid_phase1:raise@batch=1", True),
+        ("after_phase2:raise@batch=1", True),  # the table holds the batch: files stay
+        ("after_commit:raise@batch=3", False),
+    ],
+)
+def test_light_mode_fault_then_restart_is_exactly_once(fast, fault, partitioned):
+    if partitioned:
+        fast.partitions = PARTITIONS
+    failure = fast.run(fault, mode="light")
+    assert failure is not None and "injected fault" in str(failure)
+    assert fast.run(mode="light") is None
+    _check_light(fast)
+
+
+def test_light_mode_failed_spark_write_job_then_restart(fast):
+    fast.partitions = PARTITIONS
+    fast.fail_at_id = 2500
+    assert fast.run(mode="light") is not None
+    fast.fail_at_id = None
+    assert fast.run(mode="light") is None
+    _check_light(fast)
+
+
+def test_light_mode_replayed_batch_writes_nothing(fast):
+    fast.partitions = PARTITIONS
+    assert fast.run(mode="light") is None
+    version = DeltaTable(fast.target).version()
+    before = set(fast.data_files())
+    _replay_last_batch(fast, mode="light")
+    assert DeltaTable(fast.target).version() == version
+    assert set(fast.data_files()) == before
+    _check_light(fast)
+
+
+def test_a_checkpoint_keeps_its_mode(fast):
+    fast.total = 1000
+    assert fast.run(mode="light") is None
+    fast.total = 2000
+    failure = fast.run()
+    assert failure is not None and "ran with mode=light" in str(failure)
+    fast.assert_exactly_once(1000)
+    assert fast.run(mode="light") is None
+    _check_light(fast)
+
+
+# --- several queries in one driver --------------------------------------------------------
+
+
+def _run_together(*runners: PipelineRunner) -> None:
+    """Start every query from this thread, as a driver does (a txn-delta query started
+    from another Python thread does not find its data source), then wait for all."""
+    queries = [r.writer().trigger(availableNow=True).start() for r in runners]
+    for q in queries:
+        q.awaitTermination()
+
+
+def _check_one_run(runner: PipelineRunner) -> None:
+    """Exactly once, and written by one run from start to end: nothing fenced it."""
+    _check(runner)
+    state = runner.sink_state()
+    assert state.epoch == 1
+    assert {r.run_id for r in state.records.values()} == {state.epoch_owner}
+
+
+def test_two_fast_path_queries_in_one_driver(spark, tmp_path):
+    """Both callbacks run at the same moment (twice): each reads its own run and batch
+    from its own thread's job description, and neither fences the other."""
+    a = FastRunner(spark, tmp_path / "a", total=2000, per_batch=500)
+    b = FastRunner(spark, tmp_path / "b", total=2000, per_batch=500)
+    b.partitions = PARTITIONS
+    meet = threading.Barrier(2, timeout=300)
+
+    def both_in_a_callback(batch_id: int) -> None:
+        if batch_id in (0, 2):
+            meet.wait()
+
+    a.on_batch = b.on_batch = both_in_a_callback
+    _run_together(a, b)
+    _check_one_run(a)
+    _check_one_run(b)
+    assert a.sink_state().sink_id != b.sink_state().sink_id
+
+
+def test_a_fast_path_and_a_txn_delta_query_in_one_driver(spark, tmp_path):
+    a = FastRunner(spark, tmp_path / "fast", total=2000, per_batch=500)
+    b = PipelineRunner(spark, tmp_path / "txn", total=2000, per_batch=500)
+    a.partitions = b.partitions = PARTITIONS
+    _run_together(a, b)
+    _check_one_run(a)
+    _check_one_run(b)

@@ -39,6 +39,17 @@ def test_light_mode_replay_is_a_no_op(pipeline):
     pipeline.assert_no_orphans()
 
 
+@pytest.mark.parametrize("fault", ["after_phase2:raise@batch=1", "after_commit:raise@batch=2"])
+def test_light_mode_failure_after_its_commit_keeps_the_files(pipeline, fault):
+    """Spark aborts a batch whose commit landed and then failed: the table holds the
+    batch, so its files must stay (rolling them back lost committed rows)."""
+    failure = pipeline.run(fault, mode="light")
+    assert failure is not None and "injected fault" in str(failure)
+    assert pipeline.run(mode="light") is None
+    pipeline.assert_exactly_once()
+    pipeline.assert_no_orphans()
+
+
 def test_a_checkpoint_keeps_its_mode(pipeline):
     pipeline.total = 2000
     assert pipeline.run() is None
