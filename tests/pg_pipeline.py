@@ -5,50 +5,32 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-from pipeline_checks import run_to_end
+from pipeline_checks import StreamPipeline
 
 from pyspark_txn.sources.sequence import expected_rows
-from pyspark_txn.state import DeltaEventLog, RecordStore, check_invariants
 
 
-class PgPipeline:
+class PgPipeline(StreamPipeline):
+    """Into txn-postgres, with the checks of the PostgreSQL table."""
+
     def __init__(self, spark, base: Path, server, schema: str, total=5000, per_batch=1000):
-        self.spark = spark
-        self.base = base
+        super().__init__(spark, base, total, per_batch)
         self.server = server
         self.schema = schema
         self.table = f"{schema}.target"
-        self.checkpoint = str(base / "chk")
-        self.total = total
-        self.per_batch = per_batch
 
     def writer(self, faults: str | None = None, width: int = 0, **options):
-        df = (
-            self.spark.readStream.format("txn-sequence")
-            .option("rowsPerBatch", self.per_batch)
-            .option("totalRows", self.total)
-            .option("width", width)
-            .load()
-        )
         w = (
-            df.writeStream.format("txn-postgres")
+            self.source(width)
+            .writeStream.format("txn-postgres")
             .option("url", self.server.url)
             .option("table", self.table)
             .option("createTable", "true")
             .option("checkpointLocation", self.checkpoint)
         )
-        if faults:
-            w = w.option("faultInjection", faults)
-        for k, v in options.items():
+        for k, v in self.sink_options(faults, options).items():
             w = w.option(k, v)
         return w
-
-    def run(self, faults: str | None = None, **options) -> Exception | None:
-        try:
-            run_to_end(self.writer(faults, **options))
-        except Exception as e:
-            return e
-        return None
 
     def query(self, sql, params=()):
         with self.server.connect() as conn:
@@ -79,13 +61,9 @@ class PgPipeline:
         left = self.query("SELECT gid FROM pg_prepared_xacts")
         assert left == [], f"prepared transactions left: {left}"
 
-    def record_store(self) -> RecordStore:
-        return RecordStore(DeltaEventLog(str(Path(self.checkpoint) / "pyspark_txn" / "records")))
-
     def assert_records_consistent(self) -> None:
-        store = self.record_store()
-        (sink_id,) = store.log.streams()
-        state = check_invariants(sink_id, store.events(sink_id))
+        state = self.sink_state()
+        sink_id = state.sink_id
         records = sorted(state.records.values(), key=lambda r: r.snapshot_id)
         batches = [r.batch_id for r in records]
         assert batches == sorted(set(batches))

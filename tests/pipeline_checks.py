@@ -22,15 +22,17 @@ def run_to_end(writer):
     return pyspark_txn.process_available(writer)
 
 
-class PipelineRunner:
+class StreamPipeline:
+    """A txn-sequence stream into one of our sinks (``writer``), run to the end, and its
+    record table: what every sink's pipeline tests share."""
+
     #: Partition columns derived from each row's id: name -> (SQL expression of ``id``,
-    #: the value delta-rs must read back for an id). The sink gets them as partitionBy.
+    #: the value the target must read back for an id). The sink gets them as partitionBy.
     partitions: Mapping[str, tuple[str, Callable[[int], Any]]] = {}
 
     def __init__(self, spark, base: Path, total: int = 5000, per_batch: int = 1000):
         self.spark = spark
         self.base = base
-        self.target = str(base / "target")
         self.checkpoint = str(base / "chk")
         self.total = total
         self.per_batch = per_batch
@@ -59,11 +61,7 @@ class PipelineRunner:
         return options
 
     def writer(self, faults: str | None = None, width: int = 0, **options):
-        w = self.source(width).writeStream.format("txn-delta").option("path", self.target)
-        w = w.option("checkpointLocation", self.checkpoint)
-        for k, v in self.sink_options(faults, options).items():
-            w = w.option(k, v)
-        return w
+        raise NotImplementedError
 
     def run(self, faults: str | None = None, **options) -> Exception | None:
         """Run to the end; return the query's failure instead of raising it."""
@@ -72,6 +70,29 @@ class PipelineRunner:
         except Exception as e:
             return e
         return None
+
+    def record_store(self) -> RecordStore:
+        return RecordStore(DeltaEventLog(os.path.join(self.checkpoint, "pyspark_txn", "records")))
+
+    def sink_state(self):
+        store = self.record_store()
+        (sink_id,) = store.log.streams()
+        return check_invariants(sink_id, store.events(sink_id))
+
+
+class PipelineRunner(StreamPipeline):
+    """Into txn-delta, with the checks of the Delta table."""
+
+    def __init__(self, spark, base: Path, total: int = 5000, per_batch: int = 1000):
+        super().__init__(spark, base, total, per_batch)
+        self.target = str(base / "target")
+
+    def writer(self, faults: str | None = None, width: int = 0, **options):
+        w = self.source(width).writeStream.format("txn-delta").option("path", self.target)
+        w = w.option("checkpointLocation", self.checkpoint)
+        for k, v in self.sink_options(faults, options).items():
+            w = w.option(k, v)
+        return w
 
     # --- checks ---------------------------------------------------------------
 
@@ -118,14 +139,6 @@ class PipelineRunner:
         staged = Path(self.target) / STAGING_ROOT
         stray = [p for p in staged.rglob("*") if p.is_file() and not p.name.endswith(".dir")]
         assert not stray, f"data in the staging area: {stray}"
-
-    def record_store(self) -> RecordStore:
-        return RecordStore(DeltaEventLog(os.path.join(self.checkpoint, "pyspark_txn", "records")))
-
-    def sink_state(self):
-        store = self.record_store()
-        (sink_id,) = store.log.streams()
-        return check_invariants(sink_id, store.events(sink_id))
 
     def assert_records_consistent(self) -> None:
         state = self.sink_state()

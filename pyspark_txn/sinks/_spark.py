@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ProtocolViolation
+from ..state import TxnHandle
 from ..state.core import NAME_CHARS
 from .twophase import TwoPhaseCommitter
 
@@ -78,6 +80,52 @@ class TxnCommitMessage(WriterCommitMessage):
     partition: int
     txns: list[dict[str, Any]]
     replay: bool = False  # the task staged nothing: the planner knew the batch was decided
+
+
+def task_slot() -> tuple[int, int]:
+    """(partition id, task attempt id) of the running write task; (0, 0) outside Spark."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return (ctx.partitionId(), ctx.taskAttemptId()) if ctx is not None else (0, 0)
+
+
+def commit_message(
+    sink_id: str,
+    snapshot_id: int,
+    token: str,
+    partition: int,
+    handles: Sequence[TxnHandle],
+    replay: bool = False,
+) -> TxnCommitMessage:
+    """The task's message to the driver, with the run it belongs to."""
+    return TxnCommitMessage(
+        sink_id=sink_id,
+        snapshot_id=snapshot_id,
+        token=token,
+        run_id=spark_run_id(),
+        partition=partition,
+        txns=[h.to_json() for h in handles],
+        replay=replay,
+    )
+
+
+def batch_attempt(
+    committer: TwoPhaseCommitter, messages: Sequence[TxnCommitMessage], batch_id: int
+) -> tuple[int, str, str | None]:
+    """(snapshot id, token, run id) of the one attempt whose tasks staged ``batch_id``;
+    allocated here when no task ran (nothing was staged, so that is safe)."""
+    if not messages:
+        snapshot_id, token = committer.allocate()
+        return snapshot_id, token, None
+    attempts = {(m.snapshot_id, m.token) for m in messages}
+    runs = {m.run_id for m in messages}
+    if len(attempts) != 1 or len(runs) != 1:
+        raise ProtocolViolation(
+            f"batch {batch_id}: commit messages of several attempts {attempts} / runs {runs}"
+        )
+    (snapshot_id, token), run_id = attempts.pop(), runs.pop()
+    return snapshot_id, token, run_id
 
 
 def spark_run_id() -> str | None:

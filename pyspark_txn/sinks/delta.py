@@ -25,20 +25,22 @@ from ..checkpoint import (
     read_batch_offsets,
     read_query_id,
 )
-from ..errors import ConfigError, ProtocolViolation
+from ..errors import ConfigError
 from ..faults import FaultPlan
 from ..state import DEFAULT_RETAIN_SNAPSHOTS, DeltaEventLog, RecordStore, TxnHandle, new_token
 from ._spark import (
     TxnCommitMessage,
     WriterBase,
     as_arrow,
+    batch_attempt,
     check_sink_id,
+    commit_message,
     parse_bool,
     parse_log_level,
     parse_positive_int,
     prepare_attempt,
-    spark_run_id,
     spark_to_arrow_schema,
+    task_slot,
     worker_logging,
 )
 from .delta_target import DeltaTarget, check_writable_schema, schema_to_b64
@@ -422,13 +424,10 @@ class TxnDeltaStreamWriter(WriterBase):
         return self.__dict__
 
     def write(self, iterator) -> TxnCommitMessage:
-        from pyspark import TaskContext
-
         worker_logging(self.opts.log_level)
         assert self._attempt is not None, "the writer was pickled without an attempt"
         snapshot_id, token = self._attempt
-        ctx = TaskContext.get()
-        partition = ctx.partitionId() if ctx is not None else 0
+        partition, _ = task_slot()
         handles = stage_partition(
             as_arrow(iterator, self.arrow_schema),
             self.opts.staging(),
@@ -438,14 +437,7 @@ class TxnDeltaStreamWriter(WriterBase):
             self.arrow_schema,
         )
         self.opts.faults.hit("phase1", snapshot=snapshot_id, partition=partition)
-        return TxnCommitMessage(
-            sink_id=self.opts.sink_id,
-            snapshot_id=snapshot_id,
-            token=token,
-            run_id=spark_run_id(),
-            partition=partition,
-            txns=[h.to_json() for h in handles],
-        )
+        return commit_message(self.opts.sink_id, snapshot_id, token, partition, handles)
 
     def commit(self, messages, batchId: int) -> None:
         worker_logging(self.opts.log_level)
@@ -461,17 +453,7 @@ class TxnDeltaStreamWriter(WriterBase):
             )
             return
         committer = self.opts.committer()
-        if not msgs:  # no task ran: nothing was staged, so allocating here is safe
-            snapshot_id, token = committer.allocate()
-            run_id = None
-        else:
-            attempts = {(m.snapshot_id, m.token) for m in msgs}
-            runs = {m.run_id for m in msgs}
-            if len(attempts) != 1 or len(runs) != 1:
-                raise ProtocolViolation(
-                    f"batch {batchId}: commit messages of several attempts {attempts} / runs {runs}"
-                )
-            (snapshot_id, token), run_id = attempts.pop(), runs.pop()
+        snapshot_id, token, run_id = batch_attempt(committer, msgs, batchId)
         fs_options = dict(self.opts.fs_options)
         offsets = read_batch_offsets(self.opts.checkpoint_location, batchId, fs_options)
         committer.commit(

@@ -43,13 +43,15 @@ from ._spark import (
     TxnCommitMessage,
     WriterBase,
     as_arrow,
+    batch_attempt,
     check_sink_id,
+    commit_message,
     parse_bool,
     parse_log_level,
     parse_positive_int,
     prepare_attempt,
-    spark_run_id,
     spark_to_arrow_schema,
+    task_slot,
     worker_logging,
 )
 from .postgres_target import (
@@ -348,27 +350,16 @@ class TxnPostgresStreamWriter(WriterBase):
         return self.__dict__
 
     def write(self, iterator) -> TxnCommitMessage:
-        from pyspark import TaskContext
 
         worker_logging(self.opts.log_level)
         assert self._attempt is not None, "the writer was pickled without an attempt"
         snapshot_id, token = self._attempt
-        ctx = TaskContext.get()
-        partition = ctx.partitionId() if ctx is not None else 0
-        attempt = ctx.taskAttemptId() if ctx is not None else 0
+        partition, attempt = task_slot()
         if self._replay:
             for _ in iterator:  # decided already: the rows are (or will be) in the table
                 pass
             self.opts.faults.hit("phase1", snapshot=snapshot_id, partition=partition)
-            return TxnCommitMessage(
-                sink_id=self.opts.sink_id,
-                snapshot_id=snapshot_id,
-                token=token,
-                run_id=spark_run_id(),
-                partition=partition,
-                txns=[],
-                replay=True,
-            )
+            return commit_message(self.opts.sink_id, snapshot_id, token, partition, [], True)
         handles = stage_partition(
             as_arrow(iterator, self.arrow_schema),
             self.config,
@@ -381,38 +372,20 @@ class TxnPostgresStreamWriter(WriterBase):
         if handles and release_if_aborted(self.opts.committer(), snapshot_id, token):
             handles = []
         self.opts.faults.hit("phase1", snapshot=snapshot_id, partition=partition)
-        return TxnCommitMessage(
-            sink_id=self.opts.sink_id,
-            snapshot_id=snapshot_id,
-            token=token,
-            run_id=spark_run_id(),
-            partition=partition,
-            txns=[h.to_json() for h in handles],
-        )
+        return commit_message(self.opts.sink_id, snapshot_id, token, partition, handles)
 
     def commit(self, messages, batchId: int) -> None:
         worker_logging(self.opts.log_level)
         msgs = [m for m in messages if m is not None]
         committer = self.opts.committer()
         try:
-            if not msgs:  # no task ran: nothing was staged, so allocating here is safe
-                snapshot_id, token = committer.allocate()
-                run_id = None
-            else:
-                attempts = {(m.snapshot_id, m.token) for m in msgs}
-                runs = {m.run_id for m in msgs}
-                if len(attempts) != 1 or len(runs) != 1:
-                    raise ProtocolViolation(
-                        f"batch {batchId}: commit messages of several attempts {attempts} / "
-                        f"runs {runs}"
-                    )
-                (snapshot_id, token), run_id = attempts.pop(), runs.pop()
-                if any(m.replay for m in msgs) and batchId not in committer.load().records:
-                    raise ProtocolViolation(
-                        f"sink {self.opts.sink_id!r}: batch {batchId} was planned as a replay "
-                        "of a decided batch, but the record table has no record of it; its "
-                        "rows were not staged. Restart the query: the batch is planned again"
-                    )
+            snapshot_id, token, run_id = batch_attempt(committer, msgs, batchId)
+            if any(m.replay for m in msgs) and batchId not in committer.load().records:
+                raise ProtocolViolation(
+                    f"sink {self.opts.sink_id!r}: batch {batchId} was planned as a replay "
+                    "of a decided batch, but the record table has no record of it; its "
+                    "rows were not staged. Restart the query: the batch is planned again"
+                )
             offsets = read_batch_offsets(self.opts.checkpoint_location, batchId)
             committer.commit(
                 batchId,

@@ -794,7 +794,7 @@ def _without_nulls(arr):
     return pc.fill_null(arr, _zero(t))
 
 
-def _zero(t):
+def _zero(t: Any) -> Any:
     import pyarrow as pa
 
     if pa.types.is_boolean(t):

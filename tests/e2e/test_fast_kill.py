@@ -4,15 +4,15 @@ the JVM with it), kill -9 of the process group at random moments, and a second
 driver on the same checkpoint fencing the first. Every row is counted after.
 """
 
-import os
-import random
-import time
-
 import pytest
-from deltalake import DeltaTable
 from pipeline_checks import PipelineRunner
 from processes import kill_group
-from test_kill import KILL_RUNS, committed_batches, output, start_driver
+from test_kill import (
+    kill_at_random_moments,
+    output,
+    second_driver_fences_the_first,
+    start_driver,
+)
 
 pytestmark = [pytest.mark.spark]
 
@@ -63,46 +63,10 @@ def test_driver_exit_at_a_protocol_step_then_restart(tmp_path, fault, partitione
 @pytest.mark.slow
 @pytest.mark.chaos
 def test_kill_9_at_random_moments_is_exactly_once(tmp_path):
-    rng = random.Random(int(os.environ.get("PYSPARK_TXN_KILL_SEED", "11")))
-    total, per_batch = 40_000, 1000
-    kills = 0
-    for _ in range(KILL_RUNS):
-        proc = start_driver(tmp_path, total, per_batch, "--fast")
-        time.sleep(rng.uniform(6.0, 16.0))
-        if proc.poll() is None:
-            kill_group(proc)
-            kills += 1
-        else:
-            proc.wait()
-    final = start_driver(tmp_path, total, per_batch, "--fast")
-    final.wait(timeout=600)
-    assert final.returncode == 0, output(final)[-3000:]
+    total, per_batch = kill_at_random_moments(tmp_path, "11", "--fast")
     _check(tmp_path, total, per_batch)
-    assert kills >= 1, "no run was killed: raise the total or lower the delays"
 
 
 @pytest.mark.slow
 def test_second_driver_fences_the_first(tmp_path):
-    first = start_driver(tmp_path, 10**9, 200, "--fast", "--continuous", "400")
-    deadline = time.time() + 120
-    while committed_batches(tmp_path / "target") < 2:
-        assert time.time() < deadline and first.poll() is None, "first driver never committed"
-        time.sleep(0.5)
-    second = start_driver(tmp_path, 10**9, 200, "--fast", "--continuous", "400")
-    deadline = time.time() + 180
-    try:
-        while first.poll() is None and second.poll() is None:
-            assert time.time() < deadline, "both drivers kept running: nobody was fenced"
-            time.sleep(0.5)
-    finally:
-        stopped = first if first.poll() is not None else second
-        kill_group(second)
-        kill_group(first)
-    out = output(stopped)
-    assert stopped.returncode != 0
-    assert "FencedError" in out or "concurrently" in out or "CONCURRENT_STREAM_LOG_UPDATE" in out, (
-        out[-3000:]
-    )
-    ids = DeltaTable(str(tmp_path / "target")).to_pyarrow_table().column("id").to_pylist()
-    assert len(ids) == len(set(ids))
-    assert sorted(ids) == list(range(len(ids)))
+    second_driver_fences_the_first(tmp_path, "--fast")
