@@ -1403,6 +1403,16 @@ def _new_location(fs, root: str, option: str, uri: str) -> None:
         raise ConfigError(f"{option} {uri}: must be a new or empty directory")
 
 
+def _is_file_source_offset(offset: Any) -> bool:
+    """Spark's file source writes ``{"logOffset": n}``: an index into its own log."""
+    if isinstance(offset, str):
+        try:
+            offset = json.loads(offset)
+        except ValueError:
+            return False
+    return isinstance(offset, dict) and set(offset) == {"logOffset"}
+
+
 def prepare_query(
     location: str,
     name: str,
@@ -1429,6 +1439,15 @@ def prepare_query(
             f"snapshot {name!r} is of a stateful query: its exported state tables can be read "
             "but Spark cannot start a query from them"
         )
+    for i, offset in enumerate(entry.details.get("source_offsets") or []):
+        if _is_file_source_offset(offset):
+            raise ConfigError(
+                f"source {i} of snapshot {name!r} is Spark's file source (offset {offset}): its "
+                f"position is the file log under the checkpoint's sources/{i}/, which is not "
+                "exported, so a new query cannot start from this snapshot (read the exported "
+                "table instead, or use a source whose offset is its position: Kafka, "
+                "txn-delta, txn-sequence)"
+            )
     from .sinks.delta import DeltaSinkOptions
 
     # the sink's own check of the pair (same folder, checkpoint inside the table, ...):

@@ -324,6 +324,15 @@ def test_kafka_offsets_and_prepare_query_without_spark(tmp_path):
         snapshots.prepare_query(driver.chk, "k0", str(tmp_path / "new-chk"), str(tmp_path / "t3"))
 
 
+def test_prepare_query_refuses_a_snapshot_of_spark_s_file_source(tmp_path):
+    driver = SinkDriver(tmp_path, "f")
+    driver.batch(0, [0, 1], source_offsets=[{"logOffset": 0}])
+    snapshots.export(driver.chk, "f0", str(tmp_path / "f0"))
+    with pytest.raises(ConfigError, match=r"source 0 of snapshot 'f0' is Spark's file source"):
+        snapshots.prepare_query(driver.chk, "f0", str(tmp_path / "c2"), str(tmp_path / "t2"))
+    assert not (tmp_path / "c2").exists() and not (tmp_path / "t2").exists()
+
+
 def test_cli_requests_offsets_and_prepare(sink, tmp_path, capsys):
     code, out, _ = run_cli(
         capsys, "snapshots", "export", sink.chk, "req", "--to", tmp_path / "req", "--at-next-commit"
