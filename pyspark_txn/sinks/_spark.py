@@ -18,7 +18,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from ..errors import ConfigError, ProtocolViolation
 from ..state import TxnHandle
-from ..state.core import NAME_CHARS
+from ..state.core import MAX_NAME_LENGTH, NAME_CHARS
 from .twophase import TwoPhaseCommitter
 
 try:  # PySpark >= 4.1
@@ -65,6 +65,11 @@ def check_sink_id(sink_id: str, option: str) -> str:
         raise ConfigError(
             f"option {option}={sink_id!r}: use letters, digits, '-', '_' and '.' only "
             "(it names folders and Delta app transactions)"
+        )
+    if len(sink_id) > MAX_NAME_LENGTH:  # file names hold it (255 bytes at most)
+        raise ConfigError(
+            f"option {option}={sink_id[:20]!r}...: {len(sink_id)} characters, at most "
+            f"{MAX_NAME_LENGTH} (it is part of every staged file's name)"
         )
     return sink_id
 

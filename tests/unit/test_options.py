@@ -191,3 +191,17 @@ def test_names_from_elsewhere_get_a_hint_no_spelling_distance_finds():
         reject_unknown_options(
             "x", ["columnnameofcorruptrecord"], ["bad"], hints={"columnNameOfCorruptRecord": "bad"}
         )
+
+
+@pytest.mark.parametrize("option", ["sinkId", "sinkIdPrefix"])
+def test_a_sink_id_too_long_for_file_names_is_refused(tmp_path, option):
+    with pytest.raises(
+        ConfigError, match=rf"option {option}='s+'\.\.\.: 200 characters, at most 128"
+    ):
+        DeltaSinkOptions.parse(
+            {
+                "path": str(tmp_path / "t"),
+                "checkpointLocation": str(tmp_path / "c"),
+                option: "s" * 200,
+            }
+        )
