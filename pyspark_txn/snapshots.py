@@ -525,7 +525,16 @@ def copy_table(
         if check_owner is not None:
             check_owner()
         rel = unquote(a["path"])
-        size, crc = _copy(src_fs, _fs.join(src_root, rel), fs, _fs.join(root, rel), advance)
+        try:
+            size, crc = _copy(src_fs, _fs.join(src_root, rel), fs, _fs.join(root, rel), advance)
+        except FileNotFoundError as e:
+            raise CorruptSnapshotError(
+                f"{source_uri} at version {version}: its file {rel} is gone (a VACUUM with a "
+                "retention shorter than the snapshot's age removes the files of older "
+                "versions; OPTIMIZE rewrites them first): this version can no longer be "
+                "copied. Export a newer snapshot, and keep VACUUM's retention longer than "
+                "the exports you may still want"
+            ) from e
         if size != a["size_bytes"]:
             raise CorruptSnapshotError(
                 f"{rel}: the log says {a['size_bytes']} bytes, the file has {size}"

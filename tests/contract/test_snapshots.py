@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 from test_admin import SinkDriver, run_cli
 
 from pyspark_txn import admin, snapshots
-from pyspark_txn.errors import ConfigError, TxnError
+from pyspark_txn.errors import ConfigError, CorruptSnapshotError, TxnError
 from pyspark_txn.sinks.staging import snapshot_dir
 
 
@@ -322,6 +322,17 @@ def test_kafka_offsets_and_prepare_query_without_spark(tmp_path):
     assert (tmp_path / "new-chk" / "commits" / "0").read_text().startswith("v1\n")
     with pytest.raises(ConfigError, match="must be a new or empty directory"):
         snapshots.prepare_query(driver.chk, "k0", str(tmp_path / "new-chk"), str(tmp_path / "t3"))
+
+
+def test_exporting_a_version_whose_files_were_vacuumed_says_so(sink, tmp_path):
+    table = DeltaTable(sink.target)
+    table.optimize.compact()  # rewrites the files: the sink's last version is history now
+    DeltaTable(sink.target).vacuum(
+        retention_hours=0, enforce_retention_duration=False, dry_run=False
+    )
+    with pytest.raises(CorruptSnapshotError, match=r"is gone \(a VACUUM"):
+        snapshots.export(sink.chk, "late", str(tmp_path / "late"))
+    assert not (tmp_path / "late").exists() and snapshots.list_snapshots(sink.chk) == []
 
 
 def test_prepare_query_refuses_a_snapshot_of_spark_s_file_source(tmp_path):
