@@ -136,6 +136,15 @@ class DeltaTarget(Target):
                 "Delta table or a new (or empty) directory"
             )
         dt = self.open(refresh=False)
+        config = self.table_properties if dt is None else dt.metadata().configuration or {}
+        if str(config.get("delta.enableChangeDataFeed", "")).lower() == "true":
+            reserved = sorted(set(stream_schema.names) & CDF_COLUMNS)
+            if reserved:
+                raise ConfigError(
+                    f"the Delta table at {self.uri} has delta.enableChangeDataFeed=true, which "
+                    f"reserves the column names {sorted(CDF_COLUMNS)}; the stream has "
+                    f"{reserved}: rename them (the change feed could not be read otherwise)"
+                )
         if dt is None:  # partition columns were checked against the stream by the options
             self._check_no_foreign_files()
             return
@@ -596,6 +605,10 @@ def _file_task_attempt(name: str) -> str:
 def _marker_task_attempt(name: str) -> str:
     """``<partition>-<attempt>`` of a marker ``<partition>-<attempt>-<k>.dir``."""
     return "-".join(name.split("-")[:2])
+
+
+#: Columns the change data feed adds to what it reads (Delta's protocol reserves them).
+CDF_COLUMNS = frozenset({"_change_type", "_commit_version", "_commit_timestamp"})
 
 
 def check_writable_schema(schema) -> None:

@@ -333,6 +333,26 @@ def test_append_only_and_change_data_feed_tables_take_appends(delta):
     assert delta.rows() == [1, 2]
 
 
+def test_change_data_feed_column_names_are_refused_where_the_feed_is_on(delta, tmp_path):
+    stream = SCHEMA.append(pa.field("_change_type", pa.string()))
+    # an existing table with the feed on
+    write_deltalake(
+        delta.uri,
+        pa.table({"id": [0], "v": ["x"]}, schema=SCHEMA),
+        configuration={"delta.enableChangeDataFeed": "true"},
+    )
+    with pytest.raises(ConfigError, match=r"enableChangeDataFeed=true.*\['_change_type'\]"):
+        delta.target.check_stream_schema(stream, merge_schema=True)
+    # a new table the sink would create with it
+    new = str(tmp_path / "new")
+    opts = DeltaSinkOptions.parse(
+        {"path": new, "checkpointLocation": "/unused", "delta.enableChangeDataFeed": "true"}
+    )
+    with pytest.raises(ConfigError, match="reserves the column names"):
+        opts.target().check_stream_schema(stream, False)
+    opts.target().check_stream_schema(SCHEMA, False)  # other names are fine
+
+
 def test_a_folder_with_other_files_or_a_file_is_not_a_new_target(delta, tmp_path):
     os.makedirs(delta.uri)
     with open(os.path.join(delta.uri, "data.csv"), "w") as f:
