@@ -55,6 +55,7 @@ from .. import _fs
 from ..checkpoint import read_batch_offsets, read_query_id
 from ..errors import ConfigError, ProtocolViolation, TxnError
 from ..state import TxnHandle, new_token
+from ._spark import worker_logging
 from .delta import DeltaSinkOptions, spark_to_arrow_schema
 from .delta_target import DeltaTarget, check_writable_schema
 from .light import LIGHT_SNAPSHOT_ID
@@ -134,6 +135,13 @@ class _SparkJob:
     query_name: str | None
 
 
+def _is_uuid(text: str | None) -> bool:
+    try:
+        return text is not None and str(uuid.UUID(text)) == text.lower()
+    except ValueError:
+        return False
+
+
 def _is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
@@ -158,7 +166,13 @@ def _spark_job(spark, connect_run: str | None) -> _SparkJob:
             fields[key.strip()] = value.strip()
         elif i == 0 and line.strip():
             name = line.strip()
-    run_id = fields.get("runId") or sc.getLocalProperty("spark.jobGroup.id") or None
+    # StreamExecution sets both to the run id; the job group is the fallback for a
+    # callback that set its own job description, and only a UUID is Spark's (a group
+    # the user set would merge runs, and switch fencing off)
+    run_id = next(
+        (r for r in (fields.get("runId"), sc.getLocalProperty("spark.jobGroup.id")) if _is_uuid(r)),
+        None,
+    )
     batch = fields.get("batch")
     return _SparkJob(
         query_id=fields.get("id"),
@@ -177,6 +191,7 @@ class DeltaBatchWriter:
         self._opts: DeltaSinkOptions | None = None
         self._record_table_ready = False
         self._connect_run: str | None = None
+        self._written: tuple[str | None, int] | None = None  # (run, batch) last written
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Spark Connect pickles the function at start() and unpickles it once, in the
@@ -194,8 +209,17 @@ class DeltaBatchWriter:
 
     def __call__(self, df, batch_id: int) -> None:
         opts = self._given  # nothing is written to the checkpoint before it is checked
+        worker_logging(opts.log_level)
         fs_options = dict(opts.fs_options)
         job = _spark_job(df.sparkSession, self._connect_run)
+        if job.run_id is not None and (job.run_id, batch_id) == self._written:
+            # Spark runs a batch once per run; a second call would be taken for a replay
+            # and its rows dropped
+            raise ConfigError(
+                f"delta_batch_writer: called a second time for batch {batch_id} in one run: a "
+                "batch is written by one call (union the parts first); two tables need two "
+                "writers with two checkpoints"
+            )
         query_id = read_query_id(opts.checkpoint_location, fs_options)
         if job.query_id is not None and query_id is not None and job.query_id != query_id:
             raise ConfigError(
@@ -235,6 +259,7 @@ class DeltaBatchWriter:
         target.check_stream_schema(arrow_schema, opts.merge_schema)
         if opts.light:
             self._light_batch(df, batch_id, target, query_id, arrow_schema)
+            self._written = (job.run_id, batch_id)
             return
         committer = opts.committer()
         if not self._record_table_ready:
@@ -264,6 +289,7 @@ class DeltaBatchWriter:
         except BaseException:
             _roll_back(lambda: committer.abort(snapshot_id, token), opts.sink_id, batch_id)
             raise
+        self._written = (job.run_id, batch_id)
 
     def _light_batch(
         self, df, batch_id: int, target: DeltaTarget, query_id: str | None, arrow_schema
@@ -373,16 +399,27 @@ class DeltaBatchWriter:
         if opts.target_file_rows:
             writer = writer.option("maxRecordsPerFile", str(opts.target_file_rows))
         conf = df.sparkSession.conf  # the query's own session (Spark clones one per query)
-        key = "spark.sql.parquet.outputTimestampType"
-        previous = conf.get(key, None)
-        conf.set(key, "TIMESTAMP_MICROS")  # INT96 has no Delta stats; delta-rs reads micros
+        previous = {key: conf.get(key, None) for key in _WRITE_CONF}
+        for key, value in _WRITE_CONF.items():
+            conf.set(key, value)
         try:
             writer.parquet(_spark_uri(spark_dir))
         finally:
-            if previous is None:
-                conf.unset(key)
-            else:
-                conf.set(key, previous)
+            for key, value in previous.items():
+                if value is None:
+                    conf.unset(key)
+                else:
+                    conf.set(key, value)
+
+
+# Session settings of Spark's parquet writer that would make files other readers get
+# wrong: INT96 timestamps have no Delta stats (delta-rs reads micros), and LEGACY
+# rebasing (a Spark 2 leftover) writes Julian calendar values that only Spark undoes.
+_WRITE_CONF = {
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+}
 
 
 def _roll_back(undo: Callable[[], None], sink_id: str, batch_id: int) -> None:

@@ -15,11 +15,11 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from ..errors import CheckpointMismatchError, IndeterminateCommitError, TxnError
+from ..errors import CheckpointMismatchError, ConfigError, IndeterminateCommitError, TxnError
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import (
     Event,
@@ -154,6 +154,24 @@ class Target(ABC):
         """Release connections; the target may be used again afterwards."""
 
 
+def _check_same_target(
+    sink_id: str, state: SinkState, target_meta: Mapping[str, Any] | None
+) -> None:
+    """A sink writes one target: its records name it. Another location for the same
+    sink (a restart with another path, or a second writer on the same checkpoint) would
+    take the records of one table for the other's, and skip batches as replays."""
+    last = state.last_record
+    recorded = (last.target or {}).get("uri") if last is not None else None
+    given = (target_meta or {}).get("uri")
+    if last is not None and recorded and given and recorded != given:
+        raise ConfigError(
+            f"sink {sink_id!r} writes to {recorded} (its record of batch {last.batch_id} "
+            f"says so), but this writer writes to {given}: one checkpoint's sink writes one "
+            "table. Give the other table its own query and checkpoint (a foreachBatch that "
+            "writes two tables: use mode=light, or write the two tables from two queries)"
+        )
+
+
 def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T:
     """Retry an idempotent step; the last error propagates (recovery redoes it).
 
@@ -247,6 +265,7 @@ class TwoPhaseCommitter:
         """
         started = time.perf_counter()
         state = self.load()
+        _check_same_target(self.sink_id, state, target_meta)
         recovered = False
         if run_id is not None:
             event, state = self._update(

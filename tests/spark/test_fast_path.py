@@ -543,3 +543,100 @@ def test_a_fast_path_and_a_txn_delta_query_in_one_driver(spark, tmp_path):
     _run_together(a, b)
     _check_one_run(a)
     _check_one_run(b)
+
+
+# --- misuse a user can fall into (found by a new-user trial) ---------------------------
+
+
+def _file_source(spark, tmp_path, files: int = 3, rows: int = 100, extra: str = ""):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(files):
+        ids = pa.array(range(i * rows, (i + 1) * rows), pa.int64())
+        pq.write_table(pa.table({"id": ids}), src / f"f{i}.parquet")
+    return spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).parquet(str(src))
+
+
+def test_two_writers_on_one_checkpoint_are_refused_not_dropped(spark, tmp_path):
+    """A foreachBatch writing two tables through two writers of one checkpoint: the second
+    would take each batch for a replay of the first's and drop it."""
+    chk = str(tmp_path / "c")
+    evens = pyspark_txn.delta_batch_writer(path=str(tmp_path / "evens"), checkpoint=chk)
+    odds = pyspark_txn.delta_batch_writer(path=str(tmp_path / "odds"), checkpoint=chk)
+
+    def both(df, batch_id):
+        evens(df.where("id % 2 = 0"), batch_id)
+        odds(df.where("id % 2 = 1"), batch_id)
+
+    w = _file_source(spark, tmp_path).writeStream.foreachBatch(both)
+    with pytest.raises(Exception, match="one checkpoint's sink writes one table"):
+        pyspark_txn.process_available(w.option("checkpointLocation", chk))
+    assert not os.path.exists(tmp_path / "odds" / "_delta_log")
+
+
+def test_a_second_call_for_one_batch_is_refused_not_dropped(spark, tmp_path):
+    chk = str(tmp_path / "c")
+    sink = pyspark_txn.delta_batch_writer(path=str(tmp_path / "t"), checkpoint=chk)
+
+    def twice(df, batch_id):
+        sink(df.where("id % 2 = 0"), batch_id)
+        sink(df.where("id % 2 = 1"), batch_id)
+
+    w = _file_source(spark, tmp_path).writeStream.foreachBatch(twice)
+    with pytest.raises(Exception, match="called a second time for batch 0"):
+        pyspark_txn.process_available(w.option("checkpointLocation", chk))
+
+
+def test_a_restart_with_another_path_is_refused(spark, tmp_path):
+    chk = str(tmp_path / "c")
+    df = _file_source(spark, tmp_path)
+    first = pyspark_txn.delta_batch_writer(path=str(tmp_path / "t1"), checkpoint=chk)
+    pyspark_txn.process_available(
+        df.writeStream.foreachBatch(first).option("checkpointLocation", chk)
+    )
+    (tmp_path / "src" / "f9.parquet").write_bytes((tmp_path / "src" / "f0.parquet").read_bytes())
+    moved = pyspark_txn.delta_batch_writer(path=str(tmp_path / "t2"), checkpoint=chk)
+    with pytest.raises(Exception, match=r"writes to .*t1 .*but this writer writes to .*t2"):
+        pyspark_txn.process_available(
+            df.writeStream.foreachBatch(moved).option("checkpointLocation", chk)
+        )
+
+
+def test_a_job_group_the_callback_sets_is_not_taken_for_the_run(spark, tmp_path):
+    """Spark's job group is the run id's fallback only when it is Spark's (a UUID): a group
+    of the user's would make every run the same and switch fencing off."""
+    chk = str(tmp_path / "c")
+    sink = pyspark_txn.delta_batch_writer(path=str(tmp_path / "t"), checkpoint=chk)
+
+    def grouped(df, batch_id):
+        df.sparkSession.sparkContext.setJobGroup("nightly", "nightly load")
+        df.sparkSession.sparkContext.setJobDescription("my own description")
+        sink(df, batch_id)
+
+    w = _file_source(spark, tmp_path).writeStream.foreachBatch(grouped)
+    with pytest.raises(Exception, match="run id of this batch is not visible"):
+        pyspark_txn.process_available(w.option("checkpointLocation", chk))
+
+
+def test_legacy_calendar_settings_of_the_session_do_not_reach_the_files(spark, tmp_path):
+    """A Spark 2 leftover, datetimeRebaseModeInWrite=LEGACY, would write Julian dates that
+    only Spark reads back right."""
+    import datetime as dt
+
+    chk, target = str(tmp_path / "c"), str(tmp_path / "t")
+    days = [dt.date(1, 1, 1), dt.date(1500, 3, 1), dt.date(2024, 1, 1)]
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"id": [0, 1, 2], "d": pa.array(days, pa.date32())}), src / "f.parquet")
+    sink = pyspark_txn.delta_batch_writer(path=target, checkpoint=chk)
+
+    def legacy(df, batch_id):
+        df.sparkSession.conf.set("spark.sql.parquet.datetimeRebaseModeInWrite", "LEGACY")
+        sink(df, batch_id)
+
+    df = spark.readStream.schema("id long, d date").parquet(str(src))
+    pyspark_txn.process_available(
+        df.writeStream.foreachBatch(legacy).option("checkpointLocation", chk)
+    )
+    got = DeltaTable(target).to_pyarrow_table().sort_by("id")
+    assert got.column("d").to_pylist() == days
