@@ -52,11 +52,12 @@ from datetime import date
 from typing import Any
 
 from .. import _fs
+from .._options import reject_unknown_options
 from ..checkpoint import read_batch_offsets, read_query_id
 from ..errors import ConfigError, ProtocolViolation, TxnError
 from ..state import TxnHandle, new_token
 from ._spark import worker_logging
-from .delta import DeltaSinkOptions, spark_to_arrow_schema
+from .delta import SINK_OPTIONS, DeltaSinkOptions, spark_to_arrow_schema
 from .delta_target import DeltaTarget, check_writable_schema
 from .light import LIGHT_SNAPSHOT_ID
 from .staging import (
@@ -120,6 +121,12 @@ def delta_batch_writer(path: str, checkpoint: str, **options: Any) -> DeltaBatch
     bad = [desc for key, desc in _UNSUPPORTED.items() if key in lower]
     if bad:
         raise ConfigError(f"delta_batch_writer: option {'; '.join(bad)} is not supported")
+    reject_unknown_options(  # txn-delta's options, less what the fast path takes otherwise
+        "delta_batch_writer",
+        raw,
+        [k for k in SINK_OPTIONS if k.lower() not in {*_UNSUPPORTED, "path", "checkpointlocation"}],
+        {"fs.": "fs.<fsspec option>", "delta.": "delta.<table property>"},
+    )
     opts = DeltaSinkOptions.parse({"path": path, "checkpointLocation": checkpoint, **raw})
     return DeltaBatchWriter(opts)
 

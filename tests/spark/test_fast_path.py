@@ -557,6 +557,22 @@ def _file_source(spark, tmp_path, files: int = 3, rows: int = 100, extra: str = 
     return spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).parquet(str(src))
 
 
+def test_unknown_options_name_the_fast_path_s_own_options(tmp_path):
+    with pytest.raises(
+        ConfigError,
+        match=r"delta_batch_writer: unknown option 'partitonBy' \(did you mean partitionBy\?\)",
+    ) as e:
+        pyspark_txn.delta_batch_writer(
+            path=str(tmp_path / "t"), checkpoint=str(tmp_path / "c"), partitonBy="a"
+        )
+    listed = str(e.value).split("allowed", 1)[1]
+    assert (
+        "rowGroupRows" not in listed
+        and "checkpointLocation" not in listed
+        and "path," not in listed
+    )
+
+
 def test_two_writers_on_one_checkpoint_are_refused_not_dropped(spark, tmp_path):
     """A foreachBatch writing two tables through two writers of one checkpoint: the second
     would take each batch for a replay of the first's and drop it."""
