@@ -548,7 +548,7 @@ def stage_partition(
         try:
             conn.rollback()
         except Exception:  # the connection is gone: so is the transaction
-            pass
+            log.debug("rollback after a failed write failed", exc_info=True)
         raise_db_error(
             e,
             f"partition {partition} of snapshot {snapshot_id} into {cfg.schema}.{cfg.table}",
