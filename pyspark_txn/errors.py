@@ -67,6 +67,11 @@ class CorruptSnapshotError(TxnError):
     """A safe record points at data that is missing or does not match its checksum."""
 
 
+class SnapshotWithdrawnError(TxnError):
+    """An export's own snapshot id was withdrawn (settle, abandon) before it registered:
+    nothing was registered, the export must run again."""
+
+
 class CheckpointMismatchError(TxnError):
     """Spark's checkpoint does not belong to the sink's recorded history.
 

@@ -542,10 +542,13 @@ class TwoPhaseCommitter:
         _, state = self._update(lambda s: take_over(s, run_id, mine, s.query_id), state)
         log.info("sink %s: settling (%s) as run %s", self.sink_id, reason, run_id)
         state = self._recover(state, state.query_id)
+        # (an export's id is withdrawn too unless it already registered: a running
+        # export then fails to register, cleanly, and nothing can still write there)
+        named = {n.snapshot_id for n in state.named.values()}
         withdrawn = [
             sid
             for sid in sorted(state.allocations)
-            if sid > state.high_water and sid not in state.abandoned
+            if sid > state.high_water and sid not in state.abandoned and sid not in named
         ]
         for sid in withdrawn:
 

@@ -22,6 +22,7 @@ from ..errors import (
     CheckpointMismatchError,
     FencedError,
     ProtocolViolation,
+    SnapshotWithdrawnError,
     TxnError,
 )
 from .events import Event, EventKind
@@ -490,15 +491,7 @@ class SinkState:
             if entry.name in self.named:
                 raise _violation(Invariant.NAME_UNIQUE, f"{entry.name!r} is already registered")
             sid = entry.snapshot_id
-            used = {n.snapshot_id for n in self.named.values()}
-            # (its allocation may be summarized away while a long export runs: an id
-            # at or below the allocation high-water mark was allocated exactly once)
-            if (
-                sid > self.ongoing_snapshot_id
-                or sid in self.abandoned
-                or self.record_for_snapshot(sid) is not None
-                or sid in used
-            ):
+            if named_id_problem(self, sid) is not None:
                 raise _violation(
                     Invariant.NAMED_ID_OWN,
                     f"{entry.name!r} names snapshot id {sid}, which was not allocated for it",
@@ -838,6 +831,12 @@ def abandon(state: SinkState, snapshot_id: int, reason: str) -> Event | None:
             f"sink {state.sink_id!r}: snapshot {snapshot_id} is not the last record; only "
             f"the last one (snapshot {state.snapshot_id}) can be abandoned"
         )
+    for entry in state.named.values():
+        if entry.snapshot_id == snapshot_id:
+            raise TxnError(
+                f"sink {state.sink_id!r}: snapshot id {snapshot_id} belongs to the named "
+                f"snapshot {entry.name!r}; delete the snapshot instead"
+            )
     return Event(
         stream=state.sink_id,
         seq=state.next_seq,
@@ -961,13 +960,47 @@ def bookkeeping_floor(state: SinkState) -> int | None:
 # --- named snapshots ---------------------------------------------------------
 
 
+def named_id_problem(state: SinkState, snapshot_id: int) -> str | None:
+    """Why a registry entry may not use ``snapshot_id`` now, else None.
+
+    The fold refuses exactly these entries, so :func:`register_named` checks the same
+    on the state it appends to: an id withdrawn meanwhile (``settle``, ``abandon``)
+    must never reach the log, or every later load fails.
+    """
+    # (its allocation may be summarized away while a long export runs: an id at or
+    # below the allocation high-water mark was allocated exactly once)
+    if snapshot_id > state.ongoing_snapshot_id:
+        return "it was never allocated"
+    if snapshot_id in state.abandoned:
+        return "it was withdrawn (by `settle`, `stop_and_export` or `abandon`) while the export ran"
+    if state.record_for_snapshot(snapshot_id) is not None:
+        return "a snapshot record of the sink uses it"
+    for other in state.named.values():
+        if other.snapshot_id == snapshot_id:
+            return f"snapshot {other.name!r} uses it"
+    return None
+
+
 def register_named(state: SinkState, entry: NamedSnapshot) -> Event:
-    """The registry entry of an export, written last: only a complete export has one."""
+    """The registry entry of an export, written last: only a complete export has one.
+
+    Checked against ``state``, which the store appends to conditionally: a
+    concurrent withdrawal of the export's id makes the append lose its race and
+    this check run again on the fresh state, so it refuses instead of landing.
+    """
     check_snapshot_name(entry.name)
     if entry.name in state.named:
         raise TxnError(
             f"sink {state.sink_id!r}: a snapshot named {entry.name!r} exists (snapshot "
             f"{state.named[entry.name].snapshot_id}); delete it first or choose another name"
+        )
+    problem = named_id_problem(state, entry.snapshot_id)
+    if problem is not None:
+        error = SnapshotWithdrawnError if entry.snapshot_id in state.abandoned else TxnError
+        raise error(
+            f"sink {state.sink_id!r}: snapshot {entry.name!r} cannot be registered on "
+            f"snapshot id {entry.snapshot_id}: {problem}. Nothing was registered; "
+            "export it again"
         )
     payload = entry.to_json()
     payload.pop("created_at")

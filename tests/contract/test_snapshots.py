@@ -437,6 +437,25 @@ def test_an_export_never_removes_the_copy_of_a_live_export(sink, tmp_path):
         snapshots.export(sink.chk, "second", str(to))
 
 
+def test_settle_during_an_export_fails_the_export_and_never_wedges_the_record_table(sink, tmp_path):
+    """settle withdraws the export's reserved id while it copies: the registration is
+    refused (not landed on a withdrawn id, which no later load could fold)."""
+    to, go = tmp_path / "e", tmp_path / "go"
+    first = _paused_export(sink.chk, "e", to, go)  # copied, about to register
+    try:
+        admin.settle(sink.chk)
+        go.touch()
+        out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 3, out + err[-2000:]
+    assert "SnapshotWithdrawnError" in out and "withdrawn" in out, out
+    assert snapshots.list_snapshots(sink.chk) == [] and not to.exists()
+    assert admin.open_sink(sink.chk).load().snapshot_id >= 0  # the record table still loads
+    sink.batch(4, list(range(40, 50)), run_id="run-2")  # and a restarted query goes on
+    assert snapshots.export(sink.chk, "e", str(to)).details["rows"] == 50
+
+
 def test_replace_unfinished_wins_and_the_live_export_refuses_to_register(sink, tmp_path):
     to, go = tmp_path / "shared", tmp_path / "go"
     first = _paused_export(sink.chk, "first", to, go)

@@ -16,10 +16,19 @@ from support import FaultyLog, MemoryTarget
 from pyspark_txn.errors import (
     FencedError,
     IndeterminateCommitError,
+    SnapshotWithdrawnError,
 )
 from pyspark_txn.faults import FaultPlan, FaultRule, InjectedFault
 from pyspark_txn.sinks.twophase import TwoPhaseCommitter
-from pyspark_txn.state import MemoryEventLog, RecordStore, TxnHandle, check_invariants
+from pyspark_txn.state import (
+    MemoryEventLog,
+    RecordStore,
+    TxnHandle,
+    allocate,
+    check_invariants,
+    fold_sink,
+)
+from pyspark_txn.state.core import NamedSnapshot, delete_named, register_named
 
 SINK = "sink"
 ROWS_PER_BATCH = 4
@@ -40,6 +49,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.run_id = None  # None: the next batch starts a new run
         self.safe_handles: set[str] = set()
         self.recorded: dict[int, int] = {}  # snapshot id -> batch of every record seen
+        self.exports: list[int] = []  # ids reserved by exports still copying
+        self.names: list[str] = []
 
     def committer(self, faults=FaultPlan()):
         # Tiny retention: history is summarized and deleted every few batches.
@@ -128,6 +139,54 @@ class ProtocolMachine(RuleBasedStateMachine):
             committer.abort(*attempt)  # Spark aborts a batch whose commit failed
         else:
             raise AssertionError("an older run committed after a newer run took over")
+
+    # --- exports running beside the query and the operator's commands -----------
+
+    @rule()
+    def export_starts(self):
+        """An export (another process) reserves its own snapshot id, then copies."""
+        event, _ = self.store.update(SINK, fold_sink, allocate)
+        self.exports.append(event.snapshot_id)
+
+    @precondition(lambda self: self.exports)
+    @rule(i=st.integers(0, 3))
+    def export_registers(self, i):
+        """The export's copy is done: it registers its name last. An id withdrawn while
+        it copied is refused; anything else lands."""
+        sid = self.exports.pop(i % len(self.exports))
+        name = f"n{sid}"
+        state = self.store.load_sink(SINK)
+        entry = NamedSnapshot(name, sid, state.snapshot_id, 0, f"/x/{name}", None)
+        try:
+            _, state = self.store.update(SINK, fold_sink, lambda s: register_named(s, entry))
+        except SnapshotWithdrawnError:
+            assert sid in state.abandoned
+            return
+        assert state.named[name].snapshot_id == sid
+        self.names.append(name)
+
+    @rule()
+    def settle_sink(self):
+        """``settle`` / ``stop_and_export``: the query is stopped, the sink settled while
+        exports may still be copying."""
+        self.run_id = None
+        self.committer().settle("settled")
+
+    @precondition(lambda self: self.exports)
+    @rule(i=st.integers(0, 3))
+    def operator_abandons_export_id(self, i):
+        """``pyspark-txn abandon`` of an id an export still copies under."""
+        sid = self.exports[i % len(self.exports)]
+        if sid not in self.store.load_sink(SINK).allocations:
+            return  # retention summarized its allocation away: nothing to name it by
+        self.run_id = None
+        self.committer().abandon(sid, "operator")
+
+    @precondition(lambda self: self.names)
+    @rule(i=st.integers(0, 3))
+    def delete_snapshot(self, i):
+        name = self.names.pop(i % len(self.names))
+        self.store.update(SINK, fold_sink, lambda s: delete_named(s, name))
 
     @invariant()
     def record_log_is_valid(self):

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 from support import MemoryTarget
 
-from pyspark_txn.errors import FencedError, ProtocolViolation
+from pyspark_txn.errors import FencedError, ProtocolViolation, TxnError
 from pyspark_txn.faults import InjectedFault
 from pyspark_txn.sinks.twophase import TwoPhaseCommitter
 from pyspark_txn.state import (
@@ -171,9 +171,12 @@ def test_named_snapshots_are_unique_own_ids_and_survive_summaries(sink):
     with pytest.raises(ProtocolViolation, match="already registered"):
         state.apply(duplicate)
     recorded = state.last_record.snapshot_id
-    stolen = register_named(state, _named(state, "m", recorded))
+    with pytest.raises(TxnError, match="a snapshot record of the sink uses it"):
+        register_named(state, _named(state, "m", recorded))  # the transition refuses it
+    stolen = replace(duplicate, snapshot_id=recorded, payload={**duplicate.payload, "name": "m"})
+    stolen = replace(stolen, payload={**stolen.payload, "snapshot_id": recorded})
     with pytest.raises(ProtocolViolation, match="not allocated for it"):
-        state.apply(stolen)
+        state.apply(stolen)  # and so does the fold
     # summaries keep the registry; deleting frees the name
     run_batches(committer, target, 30, start=3)
     state = store.load_sink(SINK)
