@@ -42,7 +42,7 @@ from urllib.parse import unquote
 
 from . import _fs, admin
 from .checkpoint import SINK_FILE, latest_batch
-from .errors import ConfigError, CorruptSnapshotError, TxnError
+from .errors import ConfigError, CorruptSnapshotError, IndeterminateCommitError, TxnError
 from .state import SinkState, SnapshotRecord, allocate, fold_sink
 from .state.core import (
     ExportRequest,
@@ -740,6 +740,7 @@ def _export_pinned(
     marker = {"sink_id": handle.sink_id, "snapshot_id": snapshot_id, "name": name, "owner": owner}
     _write_marker(fs, root, marker, uri)
     _LIVE_TOKENS.add(token)
+    registering = [False]  # set once the registration may have landed
     try:
         return _copy_and_register(
             handle,
@@ -755,19 +756,69 @@ def _export_pinned(
             spark=spark,
             serving=serving,
             details=details,
+            registering=registering,
         )
-    except BaseException:
-        if _still_ours(fs, root, token):  # our own partial copy: nobody else needs it
-            log.warning("export %r to %s failed: removing its partial copy", name, uri)
-            try:
-                _remove_export(fs, root, uri)
-                if existed:
-                    fs.makedirs(root, exist_ok=True)
-            except Exception as e:  # noqa: BLE001 - the marker says what is left
-                log.error("could not remove the partial copy at %s: %r", uri, e)
+    except BaseException as e:
+        determinate = isinstance(e, TxnError) and not isinstance(e, IndeterminateCommitError)
+        if registering[0] and not determinate:
+            # outcome unknown (a lost reply, Ctrl-C): the registry decides, never a guess
+            landed = _registered_after_unknown(handle, name, uri, snapshot_id, e)
+            if landed is not None:
+                if isinstance(e, Exception):
+                    log.warning(
+                        "export %r: its registration landed although the reply was lost (%r)",
+                        name,
+                        e,
+                    )
+                    return landed
+                raise  # Ctrl-C after it landed: a registered snapshot, its copy stays
+            if isinstance(e, IndeterminateCommitError):
+                _remove_own_copy(fs, root, token, uri, name, existed)
+                raise TxnError(
+                    f"export {name!r} to {uri}: whether its registration was written stayed "
+                    f"unknown ({type(e).__name__}); the registry, read again, does not list "
+                    "it: nothing was registered and the copy was removed. Export again."
+                ) from e
+        _remove_own_copy(fs, root, token, uri, name, existed)
         raise
     finally:
         _LIVE_TOKENS.discard(token)
+
+
+def _registered_after_unknown(
+    handle: admin.SinkHandle, name: str, uri: str, snapshot_id: int, error: BaseException
+) -> NamedSnapshot | None:
+    """After a registration of unknown outcome: this export's entry if it landed, None if
+    the registry (read again) does not hold it. Raises when the registry stays unreadable:
+    the copy is then kept, since it may be a registered snapshot's data."""
+    last: Exception | None = None
+    for attempt in range(4):
+        if attempt:
+            time.sleep(0.1 * 2**attempt)
+        try:
+            entry = handle.load().named.get(name)
+        except Exception as reread:  # noqa: BLE001 - retried, then reported
+            last = reread
+            continue
+        return entry if entry is not None and entry.snapshot_id == snapshot_id else None
+    log.error("export %r: the registry could not be read again: %r", name, last)
+    raise IndeterminateCommitError(
+        f"export {name!r} to {uri}: whether its registration landed is unknown ({error!r}), "
+        f"and the record table could not be read again ({last!r}). The copy is kept: "
+        f"`pyspark-txn snapshots list` shows whether {name!r} exists; if it does not, "
+        "export again with --replace-unfinished."
+    ) from error
+
+
+def _remove_own_copy(fs, root: str, token: str, uri: str, name: str, existed: bool) -> None:
+    if _still_ours(fs, root, token):  # our own partial copy: nobody else needs it
+        log.warning("export %r to %s failed: removing its partial copy", name, uri)
+        try:
+            _remove_export(fs, root, uri)
+            if existed:
+                fs.makedirs(root, exist_ok=True)
+        except Exception as e:  # noqa: BLE001 - the marker says what is left
+            log.error("could not remove the partial copy at %s: %r", uri, e)
 
 
 def _copy_and_register(
@@ -785,6 +836,7 @@ def _copy_and_register(
     spark,
     serving: bool,
     details: Mapping[str, Any] | None,
+    registering: list[bool],
 ) -> NamedSnapshot:
     import pyarrow as pa
     from deltalake import write_deltalake
@@ -882,6 +934,7 @@ def _copy_and_register(
                 )
         return register_named(s, entry)
 
+    registering[0] = True
     _, after = store.update(handle.sink_id, fold_sink, register)
     log.info(
         "sink %s: exported snapshot %r (batch %d, table version %d): %d rows, %d files, "

@@ -18,10 +18,18 @@ from ..errors import CommitConflict, IndeterminateCommitError
 from . import offset_log as offsets
 from .core import S, SinkState, fold_sink
 from .core import fold as fold_more
-from .events import Event
+from .events import Event, EventKind
 from .offset_log import OffsetLogState, fold_offsets
 
 log = logging.getLogger(__name__)
+
+
+#: What an unknown outcome means for the writer of each kind of event (the rest:
+#: the operations modules read the registry again and say so themselves).
+_UNKNOWN_OUTCOME = {
+    kind: "the batch stops here without phase 2 and recovery decides on restart"
+    for kind in (EventKind.EPOCH, EventKind.SNAPSHOT, EventKind.COMMITTED)
+}
 
 
 class AppendRejected(Exception):
@@ -205,7 +213,7 @@ class RecordStore:
         raise IndeterminateCommitError(
             f"could not determine whether record {event.stream}#{event.seq} "
             f"({event.kind.value}) was written after {self.max_attempts} attempts; "
-            "the batch stops here without phase 2 and recovery decides on restart"
+            + _UNKNOWN_OUTCOME.get(event.kind, "the record table decides when read again")
         ) from last_error
 
     def _find(self, event: Event) -> Event | None:

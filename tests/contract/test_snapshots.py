@@ -12,11 +12,18 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
+from support import FaultyLog
 from test_admin import SinkDriver, run_cli
 
 from pyspark_txn import admin, snapshots
-from pyspark_txn.errors import ConfigError, CorruptSnapshotError, TxnError
+from pyspark_txn.errors import (
+    ConfigError,
+    CorruptSnapshotError,
+    IndeterminateCommitError,
+    TxnError,
+)
 from pyspark_txn.sinks.staging import snapshot_dir
+from pyspark_txn.state import EventKind
 
 
 @pytest.fixture
@@ -818,6 +825,92 @@ def test_kill_9_before_registration_leaves_committed_tables_that_are_no_snapshot
         snapshots.verify(sink.chk, "k")
     snapshots.export(sink.chk, "k2", str(to))  # its writer is dead: removed, exported anew
     assert snapshots.verify(sink.chk, "k2").ok and ids_of(str(to / "data")) == list(range(40))
+
+
+class _LostRegistrationReply(FaultyLog):
+    """The real record table; the export's registration lands, then its reply is lost
+    (``fault``) and the next ``unreadable`` reads fail. ``lands=False``: every try fails
+    before it lands."""
+
+    def __init__(self, inner, fault: BaseException, unreadable: int, lands: bool = True):
+        super().__init__(inner)
+        self.fault, self.unreadable, self.lands = fault, unreadable, lands
+
+    def append(self, event):
+        if event.kind is not EventKind.NAMED or self.fault is None:
+            return self.inner.append(event)
+        fault = self.fault
+        if self.lands:
+            self.fault = None
+            self.inner.append(event)
+            self.read_failures = self.unreadable
+        raise fault
+
+
+def _lose_registration_reply(monkeypatch, fault, unreadable, lands=True):
+    from pyspark_txn.state import RecordStore
+
+    made = admin.SinkHandle.record_store
+    wrapped = {}
+
+    def record_store(self):
+        inner = made(self).log
+        log = wrapped.setdefault(id(self), _LostRegistrationReply(inner, fault, unreadable, lands))
+        log.inner = inner
+        return RecordStore(log, backoff_s=0.01)
+
+    monkeypatch.setattr(admin.SinkHandle, "record_store", record_store)
+
+
+@pytest.mark.parametrize("unreadable", [1, 5])
+def test_a_registration_whose_reply_is_lost_keeps_the_registered_snapshot(
+    sink, tmp_path, monkeypatch, unreadable
+):
+    """The entry landed, the reply did not (then 1 or 5 reads fail, the store gives up
+    at 5): the export re-reads the registry and returns the entry, its copy intact."""
+    to = tmp_path / "lost"
+    _lose_registration_reply(monkeypatch, TimeoutError("reply lost (injected)"), unreadable)
+    named = snapshots.export(sink.chk, "lost", str(to))
+    monkeypatch.undo()
+    assert named.name == "lost" and named.details["rows"] == 40
+    assert [n.name for n in snapshots.list_snapshots(sink.chk)] == ["lost"]
+    assert snapshots.verify(sink.chk, "lost").ok and ids_of(f"{to}/data") == list(range(40))
+
+
+def test_a_registration_of_unknown_outcome_keeps_the_copy_while_the_registry_is_unreadable(
+    sink, tmp_path, monkeypatch
+):
+    to = tmp_path / "unknown"
+    _lose_registration_reply(monkeypatch, TimeoutError("reply lost (injected)"), 100)
+    with pytest.raises(IndeterminateCommitError, match="export 'unknown' .* The copy is kept"):
+        snapshots.export(sink.chk, "unknown", str(to))
+    monkeypatch.undo()
+    assert [n.name for n in snapshots.list_snapshots(sink.chk)] == ["unknown"]
+    assert snapshots.verify(sink.chk, "unknown").ok
+
+
+def test_ctrl_c_as_the_registration_lands_keeps_the_copy(sink, tmp_path, monkeypatch):
+    to = tmp_path / "ctrlc"
+    _lose_registration_reply(monkeypatch, KeyboardInterrupt(), 0)
+    with pytest.raises(KeyboardInterrupt):
+        snapshots.export(sink.chk, "ctrlc", str(to))
+    monkeypatch.undo()
+    assert [n.name for n in snapshots.list_snapshots(sink.chk)] == ["ctrlc"]
+    assert snapshots.verify(sink.chk, "ctrlc").ok and ids_of(f"{to}/data") == list(range(40))
+
+
+def test_a_registration_that_never_landed_removes_the_copy_with_the_exports_own_error(
+    sink, tmp_path, monkeypatch
+):
+    to = tmp_path / "never"
+    _lose_registration_reply(monkeypatch, TimeoutError("no reply (injected)"), 0, lands=False)
+    with pytest.raises(TxnError) as failed:
+        snapshots.export(sink.chk, "never", str(to))
+    monkeypatch.undo()
+    message = str(failed.value)
+    assert "export 'never'" in message and "nothing was registered" in message, message
+    assert "phase 2" not in message and "batch" not in message, message
+    assert snapshots.list_snapshots(sink.chk) == [] and not to.exists()
 
 
 def test_a_failed_export_removes_its_own_partial_copy(sink, tmp_path, monkeypatch):
