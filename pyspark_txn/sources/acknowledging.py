@@ -100,8 +100,13 @@ class Broker(ABC):
         that arrived meanwhile would be skipped otherwise.
         """
 
-    def pending(self) -> list[str]:
-        """Messages delivered to this consumer and not acked (its pending list)."""
+    def consumer(self) -> str | None:
+        """The name this broker connection reads under, where the broker has one."""
+        return None
+
+    def pending(self, consumers: Sequence[str] = ()) -> list[str]:
+        """Messages delivered and not acked (the pending list) of this consumer and of
+        ``consumers``, earlier names of this claim log's reader (a moved checkpoint)."""
         return []
 
     def reclaim(self, max_messages: int) -> list[str]:
@@ -319,7 +324,7 @@ class ClaimCoordinator:
         self.check_range(s, start)
         s = _ack_through(self.store, self.source_id, self.broker, s, start, self.faults)
         if not self.recovered:
-            self._recover(s)
+            s = self._recover(s)
             self.recovered = True
         if s.last_offset > start:
             return self._reuse(s, start, cap)
@@ -358,10 +363,25 @@ class ClaimCoordinator:
         )
         return end
 
-    def _recover(self, s: OffsetLogState) -> None:
-        """Once per process: settle what the broker holds for us that the log disagrees on."""
+    def _recover(self, s: OffsetLogState) -> OffsetLogState:
+        """Once per process: settle what the broker holds for us that the log disagrees on.
+
+        This reader's consumer name is recorded first, before it ever reads: the pending
+        lists of every name the log ever read under are this log's, so a crash between a
+        read and its claim loses nothing even if the checkpoint then moves (and with it
+        the default name) or the ``consumer`` option changes.
+        """
+        me = self.broker.consumer()
+        if me is not None and me not in s.consumers:
+            _, s = self.store.update(
+                self.source_id,
+                offset_log_events.fold_offsets,
+                lambda cur: offset_log_events.add_consumer(cur, me),
+                s,
+            )
+        earlier = [c for c in s.consumers if c != me]
         lost, stale = [], []
-        for m in dict.fromkeys(self.broker.pending()):
+        for m in dict.fromkeys(self.broker.pending(earlier)):
             claim = s.claim_of(m)
             if claim is None:
                 lost.append(m)  # delivered, never claimed: a crash between the two
@@ -386,6 +406,7 @@ class ClaimCoordinator:
                 self.source_id,
                 len(self.backlog),
             )
+        return s
 
     def _collect(self, s: OffsetLogState, cap: int, block_ms: int) -> list[str]:
         """Up to ``cap`` deliveries no claim holds: our lost ones, reclaimed, then new ones.

@@ -34,10 +34,13 @@ nullable: a bad message's row holds null there.
 
 The claim log is ``claimLog`` or ``<checkpointLocation>/pyspark_txn/claims``
 (see :mod:`.acknowledging`); its stream is ``redis:<group>``. The consumer
-name defaults to ``txn-<hash of the claim log and group>``, stable for as long
-as the claim log stays where it is: after moving a checkpoint set
-``consumer`` to the old name, or messages delivered-but-unclaimed before the
-move stay pending under the old name (``claimIdleMs`` reclaims them).
+name defaults to ``txn-<hash of the claim log and group>``, so it changes when
+the checkpoint moves or is copied. The claim log records every name its reader
+used (before the first read under it), and recovery reads the pending lists of
+all of them: messages delivered but not yet claimed when a reader died are
+claimed after a move too. (Claim logs written before names were recorded know
+only the names used since: after moving one of those, set ``consumer`` to the
+old name once, or ``claimIdleMs`` reclaims them.)
 
 Every option is checked before anything touches Redis: a bad one is a
 :class:`~pyspark_txn.errors.ConfigError` naming the option and what is
@@ -696,26 +699,30 @@ class RedisBroker(Broker):
                 self._drained.add(s)
         self._targets = targets
 
-    def pending(self) -> list[str]:
+    def consumer(self) -> str:
+        return self.cfg.consumer
+
+    def pending(self, consumers: Sequence[str] = ()) -> list[str]:
         out: list[str] = []
-        for s in self.cfg.streams:
-            low = "-"
-            while True:
-                rows = self._call(
-                    "XPENDING",
-                    self.r.xpending_range,
-                    s,
-                    self.cfg.group,
-                    low,
-                    "+",
-                    _CHUNK,
-                    consumername=self.cfg.consumer,
-                )
-                ids = [r["message_id"].decode() for r in rows]
-                out.extend(f"{s}/{i}" for i in ids)
-                if len(ids) < _CHUNK:
-                    break
-                low = f"({ids[-1]}"
+        for name in dict.fromkeys([self.cfg.consumer, *consumers]):
+            for s in self.cfg.streams:
+                low = "-"
+                while True:
+                    rows = self._call(
+                        "XPENDING",
+                        self.r.xpending_range,
+                        s,
+                        self.cfg.group,
+                        low,
+                        "+",
+                        _CHUNK,
+                        consumername=name,
+                    )
+                    ids = [r["message_id"].decode() for r in rows]
+                    out.extend(f"{s}/{i}" for i in ids)
+                    if len(ids) < _CHUNK:
+                        break
+                    low = f"({ids[-1]}"
         return out
 
     def reclaim(self, max_messages: int) -> list[str]:

@@ -19,7 +19,7 @@ from ..errors import UnsupportedFormatVersion
 
 #: Bumped when the meaning of a column or payload key changes. Readers refuse
 #: newer versions instead of guessing what they mean.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: The format each kind is written with: readers that predate a kind refuse it
 #: by version instead of misreading it (version 1 readers know no summaries).
 _KIND_FORMAT = {
@@ -28,6 +28,7 @@ _KIND_FORMAT = {
     "name_deleted": 2,
     "export_requested": 3,
     "export_failed": 3,
+    "consumer": 4,
 }
 
 
@@ -44,6 +45,7 @@ class EventKind(str, Enum):
     EXPORT_FAILED = "export_failed"  # a requested export failed; the request is over
     CLAIM = "claim"  # offset log: message ids claimed for one offset
     ACKED = "acked"  # offset log: claims up to an offset were acknowledged
+    CONSUMER = "consumer"  # offset log: a broker consumer name reads for this log
 
 
 @dataclass(frozen=True)

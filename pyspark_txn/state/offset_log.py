@@ -4,6 +4,9 @@ A claim binds one offset (a gap-free counter) to the exact message ids a
 batch will read, before the offset is handed to Spark; a replayed batch then
 reads the same ids. ``acked`` records that claims up to an offset were
 acknowledged at the broker. Ids of claims are kept so redeliveries are dropped.
+``consumer`` records, before it first reads, each broker consumer name that
+reads for the log: the names move with the log (a moved or copied checkpoint
+reads under a new name), so recovery finds what any of them was handed.
 
 Folding stays linear in the number of events: the claims of a state are a
 view over an append-only backing store that the next state shares (an
@@ -103,6 +106,7 @@ class OffsetLogState:
     last_offset: int = NO_OFFSET
     acked_through: int = NO_OFFSET
     claims: Claims = field(default_factory=Claims)
+    consumers: tuple[str, ...] = ()  # every consumer name that read for this log
 
     def ids_between(self, start: int, end: int) -> list[str]:
         """Message ids of claims in ``(start, end]``, in claim order."""
@@ -140,6 +144,9 @@ class OffsetLogState:
                     f"({self.acked_through}, {self.last_offset}]"
                 )
             return replace(s, acked_through=through)
+        if e.kind is EventKind.CONSUMER:
+            name = e.payload["name"]
+            return s if name in self.consumers else replace(s, consumers=(*self.consumers, name))
         raise ProtocolViolation(f"{self.source_id}: {e.kind.value} is not an offset-log event")
 
 
@@ -164,4 +171,16 @@ def ack(state: OffsetLogState, through: int) -> Event:
         seq=state.next_seq,
         kind=EventKind.ACKED,
         payload={"through": through},
+    )
+
+
+def add_consumer(state: OffsetLogState, name: str) -> Event | None:
+    """Record that consumer ``name`` reads for this log (None: it is recorded)."""
+    if name in state.consumers:
+        return None
+    return Event(
+        stream=state.source_id,
+        seq=state.next_seq,
+        kind=EventKind.CONSUMER,
+        payload={"name": name},
     )

@@ -53,7 +53,7 @@ class ListBroker(Broker):
         self.acked += ids
         self.pending_ids = [m for m in self.pending_ids if m not in set(ids)]
 
-    def pending(self):
+    def pending(self, consumers=()):
         return list(self.pending_ids)
 
     def missing(self, ids):

@@ -157,6 +157,64 @@ def test_idle_messages_of_other_consumers_are_reclaimed(redis_server, redis_db, 
     assert sorted(b.pending()) == sorted(got)
 
 
+def _coordinator(o, faults=None):
+    from pyspark_txn.faults import NO_FAULTS
+
+    store = o.claim_log.store()
+    store.log.create_if_missing()
+    state = store.load_offsets(o.claim_log.source_id)
+    broker = o.connect()
+    broker.open(state.ids_between(-1, state.last_offset))
+    return ClaimCoordinator(
+        store, o.claim_log.source_id, broker, o.claim_log.uri, faults or NO_FAULTS
+    )
+
+
+@pytest.mark.parametrize("how", ["moved", "copied", "consumer option"])
+def test_messages_read_before_a_crash_are_claimed_after_the_checkpoint_moves(
+    redis_server, redis_db, tmp_path, how
+):
+    """A crash between XREADGROUP and the claim (before_claim) leaves the messages pending
+    under the reader's consumer name; the restarted reader runs under another name (the
+    default one hashes the claim log's path) and must still claim every one of them."""
+    import shutil
+
+    from pyspark_txn.faults import FaultPlan, FaultRule, InjectedFault
+
+    ids = [redis_db.xadd("s", {"k": str(i)}).decode() for i in range(25)]
+    old_chk, new_chk = tmp_path / "chk", tmp_path / "moved-chk"
+    old = RedisSourceOptions.parse(
+        {"url": redis_server.url, "stream": "s", "group": "g", "startId": "0",
+         "checkpointLocation": str(old_chk)}
+    )  # fmt: skip
+    c = _coordinator(old, FaultPlan((FaultRule("before_claim", "raise", batch=1),)))
+    first = c.latest(-1, 5)  # claim 0: five messages
+    with pytest.raises(InjectedFault):
+        c.latest(first, 10)  # ten more read from Redis, then the driver dies
+    c.broker.close()
+    new = {"url": redis_server.url, "stream": "s", "group": "g", "startId": "0"}
+    if how == "consumer option":
+        new |= {"checkpointLocation": str(old_chk), "consumer": "renamed"}
+    else:
+        copy = shutil.copytree if how == "copied" else shutil.move
+        copy(str(old_chk), str(new_chk))
+        new["checkpointLocation"] = str(new_chk)
+    moved = RedisSourceOptions.parse(new)
+    assert moved.consumer != old.consumer
+    c = _coordinator(moved)
+    end, served = first, list(c.ids(-1, first))
+    while True:
+        nxt = c.latest(end, 10)
+        if nxt == end:
+            break
+        served += c.ids(end, nxt)
+        end = nxt
+    c.commit(end)
+    assert sorted(served) == sorted(f"s/{i}" for i in ids)  # none stranded, none twice
+    assert len(served) == len(set(served))
+    assert redis_db.xpending("s", "g")["pending"] == 0  # all acked, whoever held them
+
+
 def test_an_unreachable_broker_is_named_without_its_password(tmp_path):
     import socket
 
