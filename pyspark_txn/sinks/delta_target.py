@@ -198,8 +198,15 @@ class DeltaTarget(Target):
         before the table was created leaves them in the root or ``col=value/`` folders)."""
         if not self.fs.isdir(self.root):
             return
-        ours = f"part-{self.sink_id}-"
         root = self.root.rstrip("/") + "/"
+        # Staged files of every sink with an attempt in the staging area are ours too:
+        # two queries started together into a new path stage side by side, and one of
+        # them creates the table (the other joins it at commit).
+        sinks = {self.sink_id}
+        staging = _fs.join(self.root, STAGING_ROOT)
+        if self.fs.isdir(staging):
+            sinks |= {p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(staging, detail=False)}
+        ours = tuple(f"part-{sid}-" for sid in sinks)
         foreign = []
         for path in self.fs.find(self.root):
             rel = path[len(root) :] if path.startswith(root) else path
@@ -402,7 +409,7 @@ class DeltaTarget(Target):
             if not record.txns:  # an empty batch: no empty Delta commit
                 return None
         self.verify_staged(record.snapshot_id, record.token, record.txns)
-        self._write_commit(
+        dt = self._write_commit(
             dt,
             record.batch_id,
             record.txns,
@@ -434,7 +441,7 @@ class DeltaTarget(Target):
                 return None, True
             if not txns:
                 return None, False
-        self._write_commit(
+        dt = self._write_commit(
             dt, batch_id, txns, target_meta, {"query_id": query_id or "", "mode": "light"}
         )
         if dt is None:
@@ -449,9 +456,16 @@ class DeltaTarget(Target):
         txns: Sequence[TxnHandle],
         target_meta: Mapping[str, Any],
         stamps: Mapping[str, Any],
-    ) -> None:
+    ):
         """One Delta commit adding ``txns`` with the sink's app transaction, creating
-        the table (or adding merged columns) as the stream's schema says."""
+        the table (or adding merged columns) as the stream's schema says.
+
+        Returns None when this commit created the table (as version 0), else the
+        table it appended to. Creation is a race one writer wins: version 0 is
+        written once, without delta-rs's commit retries (which would turn a lost
+        race into a second ``metaData`` at version 1, DESIGN.md §8); the loser
+        reloads the winner's table, checks the stream against it and appends.
+        """
         from deltalake import Schema
         from deltalake.transaction import (
             CommitProperties,
@@ -471,19 +485,36 @@ class DeltaTarget(Target):
         )
         stream_schema = schema_from_b64(target_meta["arrow_schema"])
         if dt is None:
-            create_table_with_add_actions(
-                self.uri,
-                Schema.from_arrow(as_nullable(stream_schema)),
-                adds,
-                mode="error",
-                partition_by=self.partition_by or None,
-                name=self.table_name,
-                description=self.table_description,
-                configuration=self.table_properties or None,
-                storage_options=self.storage_options,
-                commit_properties=props,
-            )
-            return
+            try:
+                create_table_with_add_actions(
+                    self.uri,
+                    Schema.from_arrow(as_nullable(stream_schema)),
+                    adds,
+                    mode="error",
+                    partition_by=self.partition_by or None,
+                    name=self.table_name,
+                    description=self.table_description,
+                    configuration=self.table_properties or None,
+                    storage_options=self.storage_options,
+                    commit_properties=CommitProperties(
+                        app_transactions=props.app_transactions,
+                        custom_metadata=props.custom_metadata,
+                        max_commit_retries=0,
+                    ),
+                )
+                return None
+            except Exception as e:
+                dt = self.open()
+                if dt is None:  # not a lost race: the creation itself failed
+                    raise
+                log.info(
+                    "sink %s: another writer created the Delta table at %s first (%s); "
+                    "appending to it",
+                    self.sink_id,
+                    self.uri,
+                    e,
+                )
+            self._check_table_against(dt, stream_schema, bool(target_meta.get("merge_schema")))
         added, _ = schema_drift(table_arrow_schema(dt), stream_schema)
         if added and target_meta.get("merge_schema"):
             from deltalake.schema import Field
@@ -499,6 +530,7 @@ class DeltaTarget(Target):
             partition_by=self.partition_by or None,
             commit_properties=props,
         )
+        return dt
 
     def committed_version(self, record: SnapshotRecord) -> int | None:
         """The table version that holds ``record``'s commit (by its stamp); None if the

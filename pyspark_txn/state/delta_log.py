@@ -106,10 +106,15 @@ class DeltaEventLog(EventLog):
             return _CACHES.setdefault(self.uri, _TableCache())
 
     def create_if_missing(self) -> None:
-        """Create the table. Call from one process: concurrent creation is unsafe in delta-rs."""
+        """Create the table (idempotent). Concurrent creators race for version 0, which is
+        written without delta-rs's commit retries (a retried creation would land as a
+        second ``metaData`` at version 1): one wins, the others find its table."""
         from deltalake import DeltaTable
+        from deltalake.transaction import CommitProperties
 
-        if self._open() is None:
+        if self._open() is not None:
+            return
+        try:
             DeltaTable.create(
                 self.uri,
                 arrow_schema(),
@@ -121,7 +126,11 @@ class DeltaEventLog(EventLog):
                 # could recreate a cleaned-up version: far beyond any protocol step.
                 configuration=self._properties(),
                 storage_options=self.storage_options,
+                commit_properties=CommitProperties(max_commit_retries=0),
             )
+        except Exception:
+            if self._open() is None:  # not a lost race
+                raise
 
     def _properties(self) -> dict[str, str]:
         return {
