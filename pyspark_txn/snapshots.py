@@ -1465,14 +1465,28 @@ def _new_location(fs, root: str, option: str, uri: str) -> None:
         raise ConfigError(f"{option} {uri}: must be a new or empty directory")
 
 
-def _is_file_source_offset(offset: Any) -> bool:
-    """Spark's file source writes ``{"logOffset": n}``: an index into its own log."""
+def _offset_dict(offset: Any) -> dict | None:
     if isinstance(offset, str):
         try:
             offset = json.loads(offset)
         except ValueError:
-            return False
-    return isinstance(offset, dict) and set(offset) == {"logOffset"}
+            return None
+    return offset if isinstance(offset, dict) else None
+
+
+def _is_file_source_offset(offset: Any) -> bool:
+    """Spark's file source writes ``{"logOffset": n}``: an index into its own log."""
+    d = _offset_dict(offset)
+    return d is not None and set(d) == {"logOffset"}
+
+
+def _claim_log_source(offset: Any) -> str | None:
+    """The claim log source id of an acknowledging source's offset (``txn-redis``:
+    ``{"claim": n, "source": "redis:<group>:<streams>"}``), else None."""
+    d = _offset_dict(offset)
+    if d is None or set(d) != {"claim", "source"}:
+        return None
+    return str(d["source"])
 
 
 def prepare_query(
@@ -1492,7 +1506,9 @@ def prepare_query(
     checkpoint and a ``txn-delta`` sink on ``path``, reads on from there and
     continues the table. Only for sources whose offset alone is their position
     (this package's sources, Kafka), not ``rate`` or the file source, which
-    keep more under the checkpoint's ``sources/`` (not exported). Stateful queries are
+    keep more under the checkpoint's ``sources/`` (not exported), nor acknowledging
+    sources (``txn-redis``), whose offset is a position in a claim log that is not
+    exported: both are refused before anything is written. Stateful queries are
     refused: Spark cannot load state from the exported tables.
     """
     entry = show(location, name, sink, command="snapshots prepare-query")
@@ -1509,6 +1525,16 @@ def prepare_query(
                 "exported, so a new query cannot start from this snapshot (read the exported "
                 "table instead, or use a source whose offset is its position: Kafka, "
                 "txn-delta, txn-sequence)"
+            )
+        claims = _claim_log_source(offset)
+        if claims is not None:
+            raise ConfigError(
+                f"source {i} of snapshot {name!r} is an acknowledging source ({claims}, e.g. "
+                f"txn-redis; offset {offset}): its offset is a claim number in the claim log "
+                "under the original query's checkpoint (or its claimLog), which is not "
+                "exported, and the broker acknowledges messages once their batch commits, so "
+                "a new query cannot start from this snapshot. Restart the original query "
+                "from its checkpoint, or start a new one with its own group and startId"
             )
     from .sinks.delta import DeltaSinkOptions
 

@@ -351,6 +351,29 @@ def test_prepare_query_refuses_a_snapshot_of_spark_s_file_source(tmp_path):
     assert not (tmp_path / "c2").exists() and not (tmp_path / "t2").exists()
 
 
+@pytest.mark.parametrize(
+    "offset",
+    [
+        '{"claim":3,"source":"redis:g:orders"}',  # as Spark hands it to the sink
+        {"claim": 3, "source": "redis:g:orders"},
+    ],
+)
+def test_prepare_query_refuses_a_snapshot_of_an_acknowledging_source(tmp_path, capsys, offset):
+    """txn-redis offsets are claim numbers in a claim log the export does not hold: a
+    prepared query could never start, so prepare-query refuses before writing anything."""
+    driver = SinkDriver(tmp_path, "r")
+    driver.batch(0, [0, 1], source_offsets=[offset])
+    snapshots.export(driver.chk, "r0", str(tmp_path / "r0"))
+    with pytest.raises(ConfigError, match=r"source 0 of snapshot 'r0' is an acknowledging source"):
+        snapshots.prepare_query(driver.chk, "r0", str(tmp_path / "c2"), str(tmp_path / "t2"))
+    code, _, err = run_cli(
+        capsys, "snapshots", "prepare-query", driver.chk, "r0",
+        "--checkpoint", tmp_path / "c2", "--path", tmp_path / "t2",
+    )  # fmt: skip
+    assert code == 2 and "claim log" in err, err
+    assert not (tmp_path / "c2").exists() and not (tmp_path / "t2").exists()
+
+
 def test_cli_requests_offsets_and_prepare(sink, tmp_path, capsys):
     code, out, _ = run_cli(
         capsys, "snapshots", "export", sink.chk, "req", "--to", tmp_path / "req", "--at-next-commit"
