@@ -46,14 +46,14 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from .. import _fs
-from ..errors import ConfigError, SourceError
+from ..errors import ConfigError, SourceError, TxnError
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import DeltaEventLog, Event, EventKind, OffsetLogState, RecordStore
 from ..state import offset_log as offset_log_events
@@ -116,6 +116,17 @@ class Broker(ABC):
     def missing(self, ids: Sequence[str]) -> set[str]:
         """Which of ``ids`` the broker no longer holds (they cannot be read)."""
         return set()
+
+    def high_water(self, ids: Iterable[str], marks: Mapping[str, str]) -> dict[str, str] | None:
+        """``marks`` (partition -> newest message id) raised by ``ids``, for a brokers whose
+        new deliveries come in increasing id order per partition; None (the default): the
+        claim log keeps every id it ever claimed."""
+        return None
+
+    def covered(self, marks: Mapping[str, str], message_id: str) -> bool:
+        """Whether ``message_id`` is at or below its partition's mark: a *new* delivery
+        (``claim``) of it is a redelivery of a claim summarized away."""
+        return False
 
     def bound_to_now(self) -> None:  # noqa: B027 - optional
         """Trigger.AvailableNow: from now on ``claim`` stops at what exists now.
@@ -248,7 +259,7 @@ def ack_committed(broker: BrokerConfig, claim_log: ClaimLogConfig, end: Mapping 
         )
     b = broker.connect()
     try:
-        b.open(state.ids_between(NO_CLAIM, state.last_offset))
+        b.open(state.newest_ids())
         state = _ack_through(store, claim_log.source_id, b, state, through)
     finally:
         b.close()
@@ -309,6 +320,14 @@ class ClaimCoordinator:
         return s.acked_through
 
     def check_range(self, s: OffsetLogState, start: int, end: int | None = None) -> None:
+        if end is not None and end > start and start + 1 < s.first_kept:
+            raise SourceError(
+                f"{self.source_id}: Spark asks for claims {start + 1}..{end}, but claims "
+                f"before {s.first_kept} were acknowledged long ago and summarized away in "
+                f"the claim log {self.where} (their batches committed): Spark's checkpoint "
+                "is older than the claim log (restored or replaced). Restore the matching "
+                "checkpoint, or start a new query with a new claim log"
+            )
         for off in (start, end):
             if off is not None and off > s.last_offset:
                 raise SourceError(
@@ -323,6 +342,7 @@ class ClaimCoordinator:
         s = self.state()
         self.check_range(s, start)
         s = _ack_through(self.store, self.source_id, self.broker, s, start, self.faults)
+        s = self._bound(s)
         if not self.recovered:
             s = self._recover(s)
             self.recovered = True
@@ -342,7 +362,46 @@ class ClaimCoordinator:
     def commit(self, end: int) -> None:
         s = self.state()
         self.check_range(s, end)
-        _ack_through(self.store, self.source_id, self.broker, s, end, self.faults)
+        self._bound(_ack_through(self.store, self.source_id, self.broker, s, end, self.faults))
+
+    def _bound(self, s: OffsetLogState) -> OffsetLogState:
+        """Summarize the claim log every so many events and delete what the summary
+        restates, so a start reads and folds a bounded log whatever the history."""
+        if not offset_log_events.summary_due(s):
+            return s
+        if self.broker.high_water((), {}) is None:
+            return s  # this broker cannot tell a redelivery by id order: keep every id
+
+        def transition(cur: OffsetLogState) -> Event | None:
+            if not offset_log_events.summary_due(cur):
+                return None  # someone summarized meanwhile
+            dropped = cur.ids_between(cur.first_kept - 1, offset_log_events.summary_floor(cur) - 1)
+            marks = self.broker.high_water(dropped, cur.marks)
+            assert marks is not None  # checked above
+            return offset_log_events.summarize(cur, marks)
+
+        try:
+            event, s = self.store.update(
+                self.source_id, offset_log_events.fold_offsets, transition, s
+            )
+        except TxnError as e:  # housekeeping: the next call tries again
+            log.warning("%s: summarizing the claim log failed: %s", self.source_id, e)
+            return s
+        if event is None:
+            return s
+        log.info(
+            "%s: claim log summarized at #%d: claims %d..%d kept, %d events restated",
+            self.source_id,
+            event.seq,
+            s.first_kept,
+            s.last_offset,
+            event.payload["summarized_events"],
+        )
+        try:
+            self.store.log.truncate(self.source_id, event.seq)
+        except Exception as e:  # noqa: BLE001 - the summary is safe; deleting is housekeeping
+            log.warning("%s: deleting summarized claim-log events failed: %r", self.source_id, e)
+        return s
 
     # --- helpers ---------------------------------------------------------------
 
@@ -418,9 +477,16 @@ class ClaimCoordinator:
         fresh: dict[str, None] = {}
         dropped = 0
 
-        def take(ids: list[str]) -> int:
+        def take(ids: list[str], new: bool = False) -> int:
+            """``new``: deliveries by the group's position (``claim``); an id at or below
+            its partition's mark is then one of a claim summarized away (acked)."""
             nonlocal dropped
             held = [(m, s.claim_of(m)) for m in ids]
+            if new and s.marks:
+                held = [
+                    (m, s.acked_through if c is None and self.broker.covered(s.marks, m) else c)
+                    for m, c in held
+                ]
             again = [(m, c) for m, c in held if c is not None]
             for m, c in held:
                 if c is None:
@@ -440,7 +506,7 @@ class ClaimCoordinator:
                     break
                 if fetch_more is None:
                     wait = 0 if (fresh or self.bounded) else block_ms
-                    got = take(self.broker.claim(cap - len(fresh), wait))
+                    got = take(self.broker.claim(cap - len(fresh), wait), new=True)
                 else:
                     before = len(fresh)
                     got = take(fetch_more(cap - len(fresh)))
@@ -546,7 +612,7 @@ class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
             store = RecordStore(log_)
             claimed = store.load_offsets(self.claim_log.source_id)
             broker = self.broker_config.connect()
-            broker.open(claimed.ids_between(NO_CLAIM, claimed.last_offset))
+            broker.open(claimed.newest_ids())
             self._coordinator = ClaimCoordinator(
                 store, self.claim_log.source_id, broker, self.claim_log.uri, self.faults
             )

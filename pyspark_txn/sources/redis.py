@@ -56,7 +56,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -571,6 +571,26 @@ def _split_id(message_id: str) -> tuple[str, str]:
     return stream, entry
 
 
+def high_water(ids: Iterable[str], marks: Mapping[str, str]) -> dict[str, str]:
+    """Per stream, the newest of ``ids`` and ``marks`` (stream -> ``<stream>/<entry id>``).
+
+    Entry ids only grow in a stream and the group hands out new entries (``>``) in id
+    order, so an entry at or below the mark that comes again by ``>`` was claimed
+    before (the group's position was reset)."""
+    out = dict(marks)
+    for m in ids:
+        s, entry = _split_id(m)
+        if s not in out or _entry_key(entry) > _entry_key(_split_id(out[s])[1]):
+            out[s] = m
+    return out
+
+
+def covered(marks: Mapping[str, str], message_id: str) -> bool:
+    s, entry = _split_id(message_id)
+    mark = marks.get(s)
+    return mark is not None and _entry_key(entry) <= _entry_key(_split_id(mark)[1])
+
+
 class RedisBroker(Broker):
     def __init__(self, cfg: RedisSourceOptions) -> None:
         self.cfg = cfg
@@ -788,6 +808,12 @@ class RedisBroker(Broker):
 
     def missing(self, ids: Sequence[str]) -> set[str]:
         return {m for m, entries in self._ranges(ids) if not entries}
+
+    def high_water(self, ids: Iterable[str], marks: Mapping[str, str]) -> dict[str, str]:
+        return high_water(ids, marks)
+
+    def covered(self, marks: Mapping[str, str], message_id: str) -> bool:
+        return covered(marks, message_id)
 
     def ack(self, ids: Sequence[str]) -> None:
         by_stream: dict[str, list[str]] = {}

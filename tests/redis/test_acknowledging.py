@@ -223,3 +223,43 @@ def test_a_reset_group_position_cannot_hide_new_messages_behind_old_ones():
     assert c.latest(e1, 3) == 2  # three rounds of old messages, then the new ones
     assert claims(log)[2] == ("q/6", "q/7")
     assert broker.pending_ids == ["q/6", "q/7"]  # the redeliveries were acked again
+
+
+class OrderedBroker(ListBroker):
+    """ListBroker whose ids grow: new deliveries come in id order (as Redis's '>')."""
+
+    def high_water(self, ids, marks):
+        out = dict(marks)
+        for m in ids:
+            if "q" not in out or int(m[2:]) > int(out["q"][2:]):
+                out["q"] = m
+        return out
+
+    def covered(self, marks, message_id):
+        return "q" in marks and int(message_id[2:]) <= int(marks["q"][2:])
+
+
+def test_summaries_bound_the_claim_log_and_redeliveries_are_still_dropped():
+    from pyspark_txn.state import offset_log
+
+    log, broker = MemoryEventLog(), OrderedBroker(300)
+    broker.messages.remove("q/7")  # handed to another consumer of the group, never to us
+    c = coordinator(log, broker)
+    end = NO_CLAIM
+    for _ in range(150):
+        end = c.latest(end, 2)
+    c.commit(end)
+    events = log.read(SOURCE)  # what a start reads: the summary and what followed it
+    assert events[0].kind is EventKind.SUMMARY
+    assert len(events) <= offset_log.SUMMARY_EVERY_EVENTS + 2
+    state = RecordStore(log).load_offsets(SOURCE)
+    assert state.first_kept > 100 and set(state.marks) == {"q"}  # older ids: one mark
+    # the group's position is reset: old entries come again by '>' and are dropped;
+    # q/7, pending at a dead consumer and reclaimed, was never ours: it is claimed
+    broker.next, broker.redeliver = 0, ["q/7"]
+    broker.messages.append("q/300")
+    after = coordinator(log, broker)
+    nxt = after.latest(end, 10)
+    assert after.ids(end, nxt) == ["q/7", "q/300"]
+    with pytest.raises(SourceError, match="summarized away"):
+        after.ids(NO_CLAIM, 0)

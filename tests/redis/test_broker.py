@@ -215,6 +215,42 @@ def test_messages_read_before_a_crash_are_claimed_after_the_checkpoint_moves(
     assert redis_db.xpending("s", "g")["pending"] == 0  # all acked, whoever held them
 
 
+def test_the_claim_log_stays_bounded_and_still_drops_redeliveries(redis_server, redis_db, tmp_path):
+    """Claims acknowledged long ago are summarized into one mark per stream and deleted:
+    a fresh start reads and folds a bounded log. A reset group position (XGROUP SETID 0)
+    then hands every old entry out again by '>': none is claimed twice."""
+    from pyspark_txn.state import EventKind, offset_log
+
+    for i in range(600):
+        redis_db.xadd("a" if i % 3 else "b", {"k": str(i)})
+    o = options(redis_server, tmp_path, stream="a,b")
+    c = _coordinator(o)
+    end, served = -1, []
+    for _ in range(200):
+        nxt = c.latest(end, 4)
+        served += c.ids(end, nxt)
+        end = nxt
+    c.commit(end)
+    c.broker.close()
+    assert len(served) == len(set(served)) == 600
+    events = o.claim_log.store().events(o.claim_log.source_id)
+    assert events[0].kind is EventKind.SUMMARY  # the history before it is deleted
+    assert len(events) <= offset_log.SUMMARY_EVERY_EVENTS + 2
+    state = o.claim_log.store().load_offsets(o.claim_log.source_id)
+    kept = state.ids_between(-1, state.last_offset)
+    assert len(kept) <= 4 * (offset_log.RETAIN_ACKED_CLAIMS + offset_log.SUMMARY_EVERY_EVENTS)
+    assert set(state.marks) == {"a", "b"}
+    # the group's position is reset: every entry comes again as new
+    for s in ("a", "b"):
+        redis_db.xgroup_setid(s, "g", "0")
+    later = [f"a/{redis_db.xadd('a', {'k': 'late'}).decode()}"]
+    c = _coordinator(o)
+    nxt = c.latest(end, 1000)
+    assert c.ids(end, nxt) == later  # the 600 old ones were dropped as redeliveries
+    with pytest.raises(SourceError, match="summarized away"):
+        c.ids(-1, 0)  # a checkpoint older than the log cannot be served
+
+
 def test_an_unreachable_broker_is_named_without_its_password(tmp_path):
     import socket
 
