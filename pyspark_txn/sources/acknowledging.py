@@ -24,11 +24,15 @@ state module (``claim`` and ``acked`` events, :mod:`pyspark_txn.state.offset_log
   §8), so the last batch before a stop is acked at the next start, before any
   new claim. A sink that knows a batch is durably committed earlier may call
   :func:`ack_committed` with its source offset.
-- **Dedup**: every id ever claimed is in the log; a redelivery (the broker's
-  pending list read back at start, a reclaim of idle messages, another
-  consumer handing messages back) is never claimed twice, so it never reaches
-  the output twice. Deliveries the broker made to us that no claim holds (a
-  crash between the broker call and the claim) are claimed first at start.
+- **Dedup**: the ids of unacknowledged and recently acknowledged claims are in
+  the log, older ones as one high-water mark per broker partition (a
+  ``summary`` every so many events, the events before it deleted, so a start
+  folds a bounded log); a redelivery (the broker's pending list read back at
+  start, a reclaim of idle messages, another consumer handing messages back, a
+  reset position handing out old ones as new) is never claimed twice, so it
+  never reaches the output twice. Deliveries the broker made to this log's
+  consumers (every name the log recorded) that no claim holds (a crash
+  between the broker call and the claim) are claimed first at start.
 
 Where the claim log lives: sources are not told the query's checkpoint, so
 an acknowledging source needs either ``claimLog`` (the URI of a Delta table)
