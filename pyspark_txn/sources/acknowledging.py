@@ -122,7 +122,7 @@ class Broker(ABC):
         return set()
 
     def high_water(self, ids: Iterable[str], marks: Mapping[str, str]) -> dict[str, str] | None:
-        """``marks`` (partition -> newest message id) raised by ``ids``, for a brokers whose
+        """``marks`` (partition -> newest message id) raised by ``ids``, for a broker whose
         new deliveries come in increasing id order per partition; None (the default): the
         claim log keeps every id it ever claimed."""
         return None
