@@ -17,8 +17,11 @@ Per batch (all in the driver, in the ``foreachBatch`` callback):
 2. allocate a snapshot id and token (light mode: ``LIGHT_SNAPSHOT_ID`` and a
    fresh token);
 3. run Spark's write (``partitionBy`` for partitioned tables, rows never
-   leave the JVM) into ``txn-staged/<sink>/<snapshot>-<token>/spark/``: every
-   file Spark leaves there (task temporaries, ``.crc``, a failed job's
+   leave the JVM) into ``txn-staged/<sink>/<snapshot>-<token>/spark/``, with
+   Spark's Hadoop commit protocol and FileOutputCommitter algorithm 1 whatever
+   the session sets (``_WRITE_CONF``), so that outside ``_temporary/`` the
+   folder holds the files of the task attempts Spark committed and no other:
+   every file Spark leaves there (task temporaries, ``.crc``, a failed job's
    output) is under the attempt's staging folder, which the sweep and
    ``discard`` already list;
 4. map each of Spark's ``c=v/`` folders to the partition values ``txn-delta``
@@ -399,6 +402,7 @@ class DeltaBatchWriter:
             df.write.mode("error")
             .option("compression", _SPARK_CODECS[opts.compression])
             .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+            .options(**_HADOOP_OPTIONS)
             .options(**_encoding_options(df.schema))
         )
         if opts.partition_by:
@@ -422,11 +426,29 @@ class DeltaBatchWriter:
 # Session settings of Spark's parquet writer that would make files other readers get
 # wrong: INT96 timestamps have no Delta stats (delta-rs reads micros), and LEGACY
 # rebasing (a Spark 2 leftover) writes Julian calendar values that only Spark undoes.
+#
+# And the commit protocol: the staged files are what Spark's output folder holds after
+# the job, so only the files of the task attempts Spark committed may be there. Spark's
+# Hadoop protocol with a FileOutputCommitter (algorithm 1, _HADOOP_OPTIONS) publishes
+# committed tasks' files at job commit and nothing else: a failed or lost attempt's
+# files stay under _temporary/, which _spark_output skips and _stage deletes. A
+# committer of the session's that writes into the output folder directly (Databricks'
+# transactional protocol, any committer that is no FileOutputCommitter: Spark writes
+# straight into the folder then) leaves a failed attempt's files next to the committed
+# ones, and they would be committed to the table.
 _WRITE_CONF = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
     "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+    "spark.sql.sources.commitProtocolClass": (
+        "org.apache.spark.sql.execution.datasources.SQLHadoopMapReduceCommitProtocol"
+    ),
+    "spark.sql.parquet.output.committer.class": "org.apache.parquet.hadoop.ParquetOutputCommitter",
 }
+# Hadoop settings of the write (options of the writer): algorithm 2 moves a task's files
+# into the output folder at task commit, where a task that fails after its commit, or
+# a commit cut half way, leaves them.
+_HADOOP_OPTIONS = {"mapreduce.fileoutputcommitter.algorithm.version": "1"}
 
 
 def _roll_back(undo: Callable[[], None], sink_id: str, batch_id: int) -> None:
