@@ -29,7 +29,7 @@ from urllib.parse import unquote
 from . import _fs
 from .checkpoint import RECORDS_DIR, read_sink_file
 from .errors import ConfigError, TxnError
-from .sinks.twophase import TargetTerms
+from .sinks.twophase import TargetTerms, last_committed_batch
 from .state import (
     DeltaEventLog,
     EventKind,
@@ -580,6 +580,9 @@ class SnapshotStatus:
     refusal: str | None = None
     terms: TargetTerms | None = None
     txn_states: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # the target is gone although batches up to last_committed were committed to it
+    target_gone: str | None = None
+    last_committed: int | None = None
 
     @property
     def target_holds_batch(self) -> bool:
@@ -606,6 +609,7 @@ class SnapshotStatus:
             "target_error": self.target_error,
             "abandonable": self.refusal is None,
             "refusal": self.refusal,
+            "target_gone": self.target_gone,
         }
         if self.txn_states:
             out["txn_states"] = dict(self.txn_states)
@@ -679,8 +683,32 @@ def _status(
             error = f"{type(e).__name__}: {e}"
     if refusal is None and error is not None:
         refusal = f"the target cannot be read ({error})"
+    gone, last = None, last_committed_batch(state)
+    if (
+        rec is not None
+        and target is not None
+        and batch is None
+        and error is None
+        and last is not None
+    ):
+        try:
+            gone = target.gone()
+        except TxnError:
+            raise
+        except Exception as e:
+            log.warning("sink %s: cannot tell whether the target is there: %r", handle.sink_id, e)
     return SnapshotStatus(
-        handle.sink_id, snapshot_id, kind, rec, batch, error, refusal, handle.terms, states
+        handle.sink_id,
+        snapshot_id,
+        kind,
+        rec,
+        batch,
+        error,
+        refusal,
+        handle.terms,
+        states,
+        gone,
+        last,
     )
 
 

@@ -94,6 +94,9 @@ def _describe(status: admin.SnapshotStatus) -> list[str]:
         lines += _txn_lines(status, terms)
         if d["target_error"]:
             lines.append(f"  target: cannot be read: {d['target_error']}")
+        elif status.target_gone is not None:
+            lines.append(f"  target: {status.target_gone}: the table is gone")
+            lines.append(f"  {_gone_restart(status)}")
         elif d["target_batch"] is None:
             lines.append("  target holds no batch of this sink (or does not exist)")
         else:
@@ -101,6 +104,16 @@ def _describe(status: admin.SnapshotStatus) -> list[str]:
     else:
         lines += _txn_lines(status, terms)
     return lines
+
+
+def _gone_restart(status: admin.SnapshotStatus) -> str:
+    """What a restart does where the table is gone (the sink refuses: TargetGoneError)."""
+    return (
+        f"The record table says batches up to {status.last_committed} were committed to it. "
+        "A restart of the query refuses to write (abandoned or not), as writing on would "
+        "make a new table without those batches: restore the table where it was (with its "
+        "_delta_log), or start over with a new checkpoint (its source is read from the start)"
+    )
 
 
 def _txn_lines(status: admin.SnapshotStatus, terms) -> list[str]:
@@ -262,7 +275,9 @@ def cmd_abandon(args: argparse.Namespace) -> int:
     print(f"snapshot {args.snapshot} of sink {handle.sink_id} is abandoned.")
     if handle.kind == admin.POSTGRES:
         print("Its prepared transactions are rolled back, as recovery would.")
-    if status.record is not None:
+    if status.target_gone is not None:
+        print(f"But {status.target_gone}: the table is gone. {_gone_restart(status)}.")
+    elif status.record is not None:
         print(
             f"Restart the query: Spark replays batch {status.record.batch_id} and it is "
             "decided anew under a new snapshot id."

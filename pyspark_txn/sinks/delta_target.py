@@ -128,6 +128,11 @@ class DeltaTarget(Target):
         dt = self.open()
         return None if dt is None else dt.transaction_version(sink_id)
 
+    def gone(self) -> str | None:
+        if self.open() is not None:
+            return None
+        return f"there is no Delta table at {self.uri} (no _delta_log there)"
+
     def check_stream_schema(self, stream_schema, merge_schema: bool) -> None:
         """Refuse schema drift and partitioning changes before anything is staged."""
         if self.fs.isfile(self.root):
@@ -289,9 +294,16 @@ class DeltaTarget(Target):
             if rows != t.rows:
                 bad.append(f"{t.handle} (expected {t.rows} rows, its footer says {rows})")
         if bad:
+            gone = not self.fs.exists(self.root)
             raise CorruptSnapshotError(
-                f"sink {self.sink_id!r}, snapshot {snapshot_id}: staged files are missing or "
-                f"changed in {self.uri}: {', '.join(bad)}"
+                f"sink {self.sink_id!r}, snapshot {snapshot_id}: "
+                + (
+                    f"the folder {self.uri} is gone (deleted or moved): the table is gone, "
+                    "and the files staged in it with it: "
+                    if gone
+                    else f"staged files are missing or changed in {self.uri}: "
+                )
+                + ", ".join(bad)
             )
 
     def discard(self, snapshot_id: int, token: str, keep: Iterable[str] = ()) -> None:

@@ -946,6 +946,11 @@ class PostgresTarget(Target):
         )
         return rows[0][0] if rows else None
 
+    def gone(self) -> str | None:
+        if self.table_exists():
+            return None
+        return f"there is no table {self.schema}.{self.table} in the database"
+
     def table_exists(self) -> bool:
         from psycopg import sql
 

@@ -19,7 +19,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from ..errors import CheckpointMismatchError, ConfigError, IndeterminateCommitError, TxnError
+from ..errors import (
+    CheckpointMismatchError,
+    ConfigError,
+    IndeterminateCommitError,
+    TargetGoneError,
+    TxnError,
+)
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import (
     Event,
@@ -140,6 +146,12 @@ class Target(ABC):
         """Drop what finds an attempt's artifacts (markers) once no task of it can write:
         committed data stays; ``staged_attempts`` no longer lists the attempt."""
 
+    def gone(self) -> str | None:
+        """Where the target no longer exists (a Delta table deleted or moved, a
+        PostgreSQL table dropped): a sentence naming it, else None. Read only when
+        ``committed_batch`` says None, so it costs nothing in a steady run."""
+        return None
+
     def abandon_refusal(self, record: SnapshotRecord) -> str | None:
         """Why withdrawing the safe ``record`` now would lose or duplicate data although
         ``committed_batch`` does not hold its batch (phase 2 has begun, or can still
@@ -170,6 +182,31 @@ def _check_same_target(
             "table. Give the other table its own query and checkpoint (a foreachBatch that "
             "writes two tables: use mode=light, or write the two tables from two queries)"
         )
+
+
+def last_committed_batch(state: SinkState) -> int | None:
+    """The highest batch of a record the record table marks committed, or None."""
+    done = [r.batch_id for sid, r in state.records.items() if sid in state.committed]
+    return max(done) if done else None
+
+
+def target_gone_error(sink_id: str, state: SinkState, target: Target) -> TargetGoneError | None:
+    """The error for a target that is gone although the record table says batches were
+    committed to it (None: it is there, or nothing was committed). ``committed_batch``
+    must have said None."""
+    last = last_committed_batch(state)
+    if last is None:
+        return None
+    gone = target.gone()
+    if gone is None:
+        return None
+    return TargetGoneError(
+        f"sink {sink_id!r}: {gone}: the table is gone. This sink's record table says "
+        f"batches up to {last} were committed to it; writing on would make a new table "
+        "without them, and Spark would not serve them again. Restore the table where it "
+        "was (with its history: the _delta_log), or start over with a new checkpoint "
+        "(a new query reads its source from the start)"
+    )
 
 
 def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T:
@@ -300,6 +337,10 @@ class TwoPhaseCommitter:
         for pending in pending_phase2(state):
             state, confirms[pending.snapshot_id] = self._phase2(state, pending, confirm=False)
         committed = self.target.committed_batch(self.sink_id)
+        if committed is None:
+            gone = target_gone_error(self.sink_id, state, self.target)
+            if gone is not None:
+                raise gone
         if committed is not None and committed >= batch_id:
             raise CheckpointMismatchError(
                 f"sink {self.sink_id!r}: the target already holds batch {committed} but the "
@@ -418,6 +459,10 @@ class TwoPhaseCommitter:
 
     def _check_target_matches(self, state: SinkState) -> None:
         committed = self.target.committed_batch(self.sink_id)
+        if committed is None:
+            gone = target_gone_error(self.sink_id, state, self.target)
+            if gone is not None:  # before phase 2 of a pending record makes a new table
+                raise gone
         last = state.last_record.batch_id if state.last_record else None
         if committed is not None and (last is None or committed > last):
             recorded = "has no record of any batch" if last is None else f"ends at batch {last}"

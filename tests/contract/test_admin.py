@@ -16,7 +16,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from pyspark_txn import admin, cli
-from pyspark_txn.errors import ConfigError, CorruptSnapshotError, TxnError
+from pyspark_txn.errors import ConfigError, CorruptSnapshotError, TargetGoneError, TxnError
 from pyspark_txn.faults import FaultPlan, InjectedFault
 from pyspark_txn.sinks.delta import DeltaSinkOptions
 from pyspark_txn.sinks.delta_target import schema_to_b64
@@ -207,6 +207,44 @@ def test_stuck_record_is_listed_and_abandoned_then_the_batch_is_decided_anew(sin
     assert sink.ids() == list(range(30))  # every row exactly once
     assert admin.stuck_snapshots(handle) == []
     assert admin.verify(handle).ok
+
+
+def test_a_deleted_table_is_named_and_never_silently_started_anew(sink, capsys):
+    """The table is deleted while batch 2 is stuck: stuck and abandon say the table is
+    gone and what a restart does, and the sink refuses to write a new table without
+    batches 0 and 1 (issue 23 item 9: it once landed batch 3 at version 0)."""
+    rec = stuck_after_record(sink, 2, list(range(20, 30)))
+    shutil.rmtree(sink.target)
+    with pytest.raises(TargetGoneError, match="the table is gone") as e:
+        sink.batch(2, list(range(20, 30)), run_id="run-2")  # a restart's recovery
+    assert "batches up to 1 were committed" in str(e.value)
+    assert not os.path.exists(os.path.join(sink.target, "_delta_log"))  # no new table
+
+    code, out, _ = run_cli(capsys, "stuck", sink.chk)
+    assert code == 0 and "no Delta table at" in out and "the table is gone" in out
+    assert "A restart of the query refuses to write" in out
+    code, out, _ = run_cli(capsys, "stuck", sink.chk, "--json")
+    assert "the table is gone" not in out and "no Delta table at" in out  # target_gone
+
+    code, out, _ = run_cli(capsys, "abandon", sink.chk, "--snapshot", rec.snapshot_id, "--yes")
+    assert code == 0 and "the table is gone" in out and "Spark replays" not in out
+    with pytest.raises(TargetGoneError):  # abandoned or not: never a silent new table
+        sink.batch(3, list(range(30, 40)), run_id="run-3")
+    assert not os.path.exists(os.path.join(sink.target, "_delta_log"))
+
+
+def test_a_table_deleted_under_a_running_query_is_not_started_anew(sink):
+    shutil.rmtree(sink.target)
+    with pytest.raises(TargetGoneError, match="the table is gone"):
+        sink.batch(2, list(range(20, 30)))  # the same run: no takeover, no recovery
+    assert not os.path.exists(os.path.join(sink.target, "_delta_log"))
+
+
+def test_staged_files_lost_with_the_table_s_folder_say_so(sink):
+    rec = stuck_after_record(sink, 2, list(range(20, 30)))
+    shutil.rmtree(sink.target)
+    with pytest.raises(CorruptSnapshotError, match="is gone .*the table is gone"):
+        sink.committer().target.verify_staged(rec.snapshot_id, rec.token, rec.txns)
 
 
 def test_abandon_refuses_a_committed_snapshot(sink):
