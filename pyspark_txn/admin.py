@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from . import _fs
+from ._options import check_location
 from .checkpoint import RECORDS_DIR, read_sink_file
 from .errors import ConfigError, TxnError
 from .sinks.twophase import TargetTerms, last_committed_batch
@@ -80,6 +81,7 @@ def find_record_table(
     """
     if not location.strip():
         raise ConfigError("the location is empty: give a checkpoint location or a record table")
+    check_location("location", location)
     uri = _fs.normalize_uri(location)
     candidate = _fs.join(uri, *RECORDS_DIR)
     if _is_record_table(candidate, storage_options):

@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from . import _fs, admin
+from ._options import check_location
 from .checkpoint import SINK_FILE, latest_batch
 from .errors import ConfigError, CorruptSnapshotError, TxnError
 from .state import SinkState, SnapshotRecord, allocate, fold_sink
@@ -287,6 +288,7 @@ def _check_to(
         raise ConfigError(f"sink {handle.sink_id!r} has no target yet: nothing to export")
     if not isinstance(to, str) or not to.strip():
         raise ConfigError("--to: must name a directory")
+    check_location("--to", to)
     uri = _fs.normalize_uri(to)
     state = handle.load() if state is None else state
     places = [

@@ -42,7 +42,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from .. import _fs
-from .._options import parse_storage_options, reject_unknown_options
+from .._options import check_location, parse_storage_options, reject_unknown_options
 from ..errors import ConfigError, SourceError
 from ..sinks.delta import spark_to_arrow_schema
 from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order
@@ -124,6 +124,7 @@ class DeltaSourceOptions:
             raise ConfigError(
                 f"txn-delta source: option ignoreChanges={ignore!r}: expected true or false"
             )
+        check_location("path", opts["path"])
         return cls(
             path=_fs.normalize_uri(opts["path"]),
             starting=starting,

@@ -207,6 +207,17 @@ def test_the_command_s_exit_status_is_its_result_in_every_run(sink, tmp_path, ca
     assert code == 2 and "required" in err
 
 
+@pytest.mark.parametrize("to", ["dbfs:/exports/s", "s3:bucket/s"])
+def test_export_to_a_location_the_sink_refuses_is_refused(sink, tmp_path, capsys, monkeypatch, to):
+    monkeypatch.chdir(tmp_path)
+    before = set(os.listdir(tmp_path))
+    code, out, err = run_cli(capsys, "snapshots", "export", sink.chk, "s", "--to", to, "--json")
+    assert code == 2 and f"--to={to!r}" in err
+    assert json.loads(out)["type"] == "ConfigError"
+    assert set(os.listdir(tmp_path)) == before  # no ./dbfs: folder
+    assert snapshots.list_snapshots(sink.chk) == []
+
+
 def test_export_requested_at_the_next_commit_cuts_at_that_batch(sink, tmp_path):
     to = tmp_path / "next"
     request = snapshots.request_export(sink.chk, "next", str(to))
