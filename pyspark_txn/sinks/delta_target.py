@@ -64,7 +64,8 @@ def table_arrow_schema(dt):
 
 
 def schema_drift(table_schema, stream_schema) -> tuple[list[str], list[str]]:
-    """(columns the stream adds, human-readable incompatibilities)."""
+    """(columns the stream adds, human-readable incompatibilities). Nullable columns of
+    the table the stream lacks are none of these: they are null in the stream's rows."""
     table = {f.name: f for f in table_schema}
     by_lower = {name.lower(): name for name in table}
     added, problems = [], []
@@ -82,7 +83,14 @@ def schema_drift(table_schema, stream_schema) -> tuple[list[str], list[str]]:
             problems.append(
                 f"column {f.name!r} is {old.type} in the table but {f.type} in the stream"
             )
-    problems += [f"column {name!r} of the table is missing from the stream" for name in table]
+    # As Spark's Delta sink: a nullable column the stream lacks reads as null in its
+    # rows (a data file without a column of the table has nulls there, for every Delta
+    # reader); a NOT NULL one cannot be left empty.
+    problems += [
+        f"column {name!r} of the table is NOT NULL and missing from the stream"
+        for name, f in table.items()
+        if not f.nullable
+    ]
     return added, problems
 
 

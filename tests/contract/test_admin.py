@@ -614,3 +614,36 @@ def test_locations_delta_rs_cannot_read_are_refused_by_name():
         ).log_level
         == "WARNING"
     )
+
+
+# --- the stream's schema against an existing table ----------------------------------------
+
+
+@pytest.mark.parametrize("nullable", [True, False])
+def test_a_column_of_the_table_missing_from_the_stream(tmp_path, nullable):
+    """As Spark's Delta sink: a nullable column the stream lacks is null in its rows; a
+    NOT NULL one is refused before anything is written (issue 23 item 14)."""
+    sink = SinkDriver(tmp_path)
+    wide = pa.schema([*SCHEMA, pa.field("extra", pa.int32(), nullable=nullable)])
+    write_deltalake(
+        sink.target,
+        pa.table({"id": [-1], "v": ["old"], "extra": pa.array([7], pa.int32())}, schema=wide),
+    )
+    if not nullable:
+        with pytest.raises(ConfigError, match="'extra' of the table is NOT NULL and missing"):
+            sink.batch(0, [1, 2])
+        assert DeltaTable(sink.target).version() == 0
+        return
+    sink.batch(0, [1, 2])
+    got = DeltaTable(sink.target).to_pyarrow_table().sort_by("id").to_pylist()
+    assert got == [
+        {"id": -1, "v": "old", "extra": 7},
+        {"id": 1, "v": "v1", "extra": None},
+        {"id": 2, "v": "v2", "extra": None},
+    ]
+    assert [f.name for f in pa.schema(DeltaTable(sink.target).schema().to_arrow())] == [
+        "id",
+        "v",
+        "extra",
+    ]
+    assert admin.verify(sink.handle()).ok
