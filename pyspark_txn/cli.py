@@ -902,6 +902,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `pyspark-txn records ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # a location that cannot be read or written: named, no traceback
+        message = f"{type(e).__name__}: {e}"
+        print(f"pyspark-txn: error: {message}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print(json.dumps({"error": message, "type": type(e).__name__}))
+        return 2
 
 
 def run() -> NoReturn:

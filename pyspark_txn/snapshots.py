@@ -731,11 +731,12 @@ def _export_pinned(
     uri = _check_to(handle, to, sink_state, serving=name if serving else None)
     fs, root = _fs.filesystem(uri)
     _prepare_location(fs, root, handle, uri, replace_unfinished)
+    existed = fs.exists(root)
+    _check_writable(fs, root, uri, existed)  # before anything is allocated or written
     store = handle.record_store()
     allocated, _ = store.update(handle.sink_id, fold_sink, allocate)
     assert allocated is not None and allocated.snapshot_id is not None  # allocate always appends
     snapshot_id: int = allocated.snapshot_id
-    existed = fs.exists(root)
     fs.makedirs(root, exist_ok=True)
     owner = _owner()
     token = owner["token"]
@@ -770,6 +771,27 @@ def _export_pinned(
         raise
     finally:
         _LIVE_TOKENS.discard(token)
+
+
+def _check_writable(fs, root: str, uri: str, existed: bool) -> None:
+    """``--to`` can be made and written (a read-only filesystem, /proc, a file on the way,
+    no permission): a ConfigError naming it, instead of an OSError half way."""
+    probe = _fs.join(root, f".pyspark-txn-probe-{uuid.uuid4().hex[:8]}")
+    try:
+        fs.makedirs(root, exist_ok=True)
+        with fs.open(probe, "wb") as f:
+            f.write(b"")
+        fs.rm(probe)
+    except OSError as e:
+        if not existed:
+            try:
+                fs.rmdir(root)
+            except OSError:
+                pass
+        raise ConfigError(
+            f"--to={uri!r}: cannot create or write a folder there ({type(e).__name__}: {e}); "
+            "give a writable location"
+        ) from e
 
 
 def _copy_and_register(

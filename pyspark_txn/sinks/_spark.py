@@ -34,11 +34,11 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "OFF")
 
 
 def parse_bool(name: str, value: str) -> bool:
+    """``true`` or ``false`` (any case), as Spark's own boolean options: the message says
+    so, and a ``yes`` another tool reads differently is refused rather than guessed."""
     v = value.strip().lower()
-    if v in ("true", "1", "yes"):
-        return True
-    if v in ("false", "0", "no"):
-        return False
+    if v in ("true", "false"):
+        return v == "true"
     raise ConfigError(f"option {name}={value!r}: expected true or false")
 
 

@@ -194,7 +194,8 @@ def db_error(e: BaseException, doing: str, url: str) -> TxnError | None:
     ):
         return ConfigError(
             f"{head}. Check the user, the database name and the password (the URL, "
-            "passwordFile, PGPASSWORD or ~/.pgpass) and the server's pg_hba.conf"
+            "passwordFile (the CLI's --password-file), PGPASSWORD or ~/.pgpass) and the "
+            "server's pg_hba.conf"
         )
     if isinstance(e, psycopg.OperationalError):
         return TargetUnavailableError(

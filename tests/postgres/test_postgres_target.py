@@ -568,6 +568,7 @@ def test_a_refused_login_and_an_unreachable_server_are_named_errors(pg, tmp_path
         bad.connect()
     assert isinstance(e.value.__cause__, psycopg.OperationalError)
     assert "PGPASSWORD" in str(e.value) and "wrong-pw" not in str(e.value)
+    assert "--password-file" in str(e.value)  # the CLI's spelling too (issue 23 item 13)
     gone = postgres_target.Connector(f"postgresql://txn:pw@127.0.0.1:{free_port()}/postgres")
     target = postgres_target.PostgresTarget(gone, schema, "t", "pg-sink")
     with pytest.raises(TargetUnavailableError, match="cannot be reached") as e:

@@ -147,6 +147,26 @@ def test_every_entry_point_checks_a_location_as_the_sink_does(tmp_path, monkeypa
     assert list(tmp_path.iterdir()) == []  # nothing written, here or under ./dbfs:
 
 
+@pytest.mark.parametrize("value", ["yes", "1", "no", "0"])
+def test_a_boolean_option_is_true_or_false_as_its_message_says(tmp_path, value):
+    with pytest.raises(ConfigError, match=f"mergeSchema='{value}': expected true or false"):
+        DeltaSinkOptions.parse(
+            {
+                "path": str(tmp_path / "t"),
+                "checkpointLocation": str(tmp_path / "c"),
+                "mergeSchema": value,
+            }
+        )
+    opts = DeltaSinkOptions.parse(
+        {
+            "path": str(tmp_path / "t"),
+            "checkpointLocation": str(tmp_path / "c"),
+            "mergeSchema": " TRUE ",
+        }
+    )
+    assert opts.merge_schema is True
+
+
 def test_test_modules_have_unique_basenames():
     """pytest imports test modules by basename (rootdir/prepend mode, no packages): two
     files of one name in different folders stop the whole collection."""
