@@ -138,11 +138,29 @@ class DeltaSourceOptions:
 
     def table(self, version: int | None = None):
         from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
 
         try:
             return DeltaTable(
                 self.path, version=version, storage_options=dict(self.storage_options) or None
             )
+        except TableNotFoundError as e:
+            if version is None and "No files in log segment" in str(e):
+                # delta-rs' words for a folder without commits: say it in the user's terms
+                raise SourceError(
+                    f"txn-delta source: cannot open the Delta table {self.path}: option "
+                    f"path={self.path!r} is not a Delta table (no commits in its _delta_log/; "
+                    f"delta-rs: {e}). Give the folder that holds the table's _delta_log/"
+                ) from e
+            if version is None:
+                raise SourceError(
+                    f"txn-delta source: cannot open the Delta table {self.path}: option "
+                    f"path={self.path!r}: no table there ({e})"
+                ) from e
+            raise SourceError(
+                f"txn-delta source: cannot open the Delta table {self.path} at version "
+                f"{version}: {e}"
+            ) from e
         except Exception as e:
             at = "its latest version" if version is None else f"version {version}"
             hint = (
