@@ -408,6 +408,9 @@ class SinkStatus:
     target_kind: str | None = None
     target_label: str | None = None  # the target as messages name it (no password)
     staged_txns: int | None = None  # staged txns right now, where the target can count them
+    # snapshot ids allocated above the last record, neither recorded nor abandoned: a
+    # batch in flight, or what a failed or killed run left (its next start rolls it back)
+    open_attempts: tuple[int, ...] = ()
 
     @property
     def lag_seconds(self) -> float | None:
@@ -455,6 +458,7 @@ class SinkStatus:
             "stuck": [s.to_json() for s in self.stuck],
             "problems": list(self.problems),
             "export_requests": [r.to_json() for r in self.export_requests],
+            "open_attempts": list(self.open_attempts),
         }
 
 
@@ -529,6 +533,14 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
     if last is not None and handle.has_target and error is None and view.exists is False:
         problems.append(f"the target {handle.target_label} is gone")
     checkpoint = handle.checkpoint
+    floor = last.snapshot_id if last is not None else -1
+    open_attempts = tuple(
+        sorted(
+            sid
+            for sid in state.allocations
+            if sid > floor and sid not in state.abandoned and state.record_for_snapshot(sid) is None
+        )
+    )
     return SinkStatus(
         sink_id=handle.sink_id,
         record_table=handle.record_table,
@@ -556,6 +568,7 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
         target_kind=handle.kind,
         target_label=handle.target_label,
         staged_txns=view.staged_txns,
+        open_attempts=open_attempts,
     )
 
 

@@ -140,7 +140,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(d, indent=2))
         return 0 if status.healthy else 1
-    print(f"sink {d['sink_id']}: {'healthy' if status.healthy else 'NEEDS ATTENTION'}")
+    verdict = "healthy" if status.healthy else "NEEDS ATTENTION"
+    if status.healthy and status.open_attempts:
+        verdict = "healthy, with a batch in flight or left unfinished"
+    print(f"sink {d['sink_id']}: {verdict}")
+    if status.open_attempts:
+        staged = (
+            f"; {d['staged_txns']} prepared transaction(s) holding their rows' locks"
+            if d["staged_txns"]
+            else ""
+        )
+        print(
+            f"  unfinished: snapshot(s) {', '.join(map(str, status.open_attempts))} allocated "
+            f"and not recorded{staged}: a batch of a running query, or what a failed or "
+            "killed run left, which the query's next start rolls back (or: pyspark-txn "
+            f"abandon {shlex.quote(args.location)} --snapshot N)"
+        )
     if d["last_batch"] is None:
         print("  no batch recorded yet")
     else:
@@ -176,7 +191,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     for problem in status.problems:
         print(f"  problem: {problem}")
-    print(f"  run {d['run_id']} holds epoch {d['epoch']} (query {d['query_id']})")
+    if d["run_id"] is None:
+        print("  no run holds the sink yet (a run takes it at its first commit)")
+    else:
+        query = f" (query {d['query_id']})" if d["query_id"] else ""
+        print(f"  run {d['run_id']} holds epoch {d['epoch']}{query}")
     print(
         f"  record table {d['record_table']}: {d['record_table_events']} events in its "
         f"history, {d['record_table_files']} files, {d['record_table_bytes']} bytes"

@@ -391,6 +391,25 @@ def test_cli_status_of_a_healthy_then_a_stuck_sink(sink, capsys):
     assert code == 1 and [s["batch_id"] for s in json.loads(out)["stuck"]] == [2]
 
 
+def test_cli_status_after_a_failed_first_batch_and_a_killed_run(tmp_path, capsys):
+    """No Python None in the text, and not a plain "healthy" while an attempt is left
+    unfinished (issue 23 item 13)."""
+    sink = SinkDriver(tmp_path)
+    sink.committer().allocate()  # the first batch failed after its allocation
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert "None" not in out, out
+    assert f"sink {sink.sink_id}: healthy, with a batch in flight or left unfinished" in out
+    assert "unfinished: snapshot(s) 0 allocated and not recorded" in out
+    assert "no run holds the sink yet" in out
+    sink.batch(0, [1, 2])
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert code == 0 and out.splitlines()[0] == f"sink {sink.sink_id}: healthy"
+    sid, token = sink.committer().allocate()  # a killed run's staged files
+    stage_partition([], sink.opts.staging(), sid, token, 0, SCHEMA)
+    code, out, _ = run_cli(capsys, "status", sink.chk, "--json")
+    assert json.loads(out)["open_attempts"] == [sid]
+
+
 def test_status_after_retention_still_names_the_target(tmp_path, capsys):
     driver = SinkDriver(tmp_path, "r", retainSnapshots="1")
     for b in range(80):
