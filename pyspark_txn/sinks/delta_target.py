@@ -13,6 +13,7 @@ import base64
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -160,6 +161,7 @@ class DeltaTarget(Target):
                 )
         if dt is None:  # partition columns were checked against the stream by the options
             self._check_no_foreign_files()
+            self._check_writable()
             return
         # The writer checks at every batch and the commit again: once per table
         # version, schema and settings is enough in a process.
@@ -204,6 +206,25 @@ class DeltaTarget(Target):
             raise ConfigError(
                 f"the stream's schema does not match the Delta table at {self.uri}: {detail}.{hint}"
             )
+
+    def _check_writable(self) -> None:
+        """A new table's folder can be made and written (local disks: a read-only
+        filesystem, /proc, a file on the way), said by name before anything is staged,
+        not as a bare OSError of a write task."""
+        if not _fs.is_local(self.uri):
+            return
+        staging = _fs.join(self.root, STAGING_ROOT)
+        probe = _fs.join(staging, f".probe-{os.getpid()}-{threading.get_ident()}")
+        try:
+            os.makedirs(staging, exist_ok=True)
+            with open(probe, "wb"):
+                pass
+            os.remove(probe)
+        except OSError as e:
+            raise ConfigError(
+                f"option path={self.uri!r}: cannot create or write the table's folder there "
+                f"({type(e).__name__}: {e}); give a writable location"
+            ) from e
 
     def _check_no_foreign_files(self) -> None:
         """A new table is created only where nothing but this sink's own files are: its

@@ -28,6 +28,7 @@ from typing import Any
 
 from .. import _fs
 from .._delta import forget_table, open_table
+from ..errors import ConfigError
 from .events import Event, arrow_schema, events_to_arrow
 from .store import AppendRejected, EventLog
 
@@ -110,18 +111,29 @@ class DeltaEventLog(EventLog):
         from deltalake import DeltaTable
 
         if self._open() is None:
-            DeltaTable.create(
-                self.uri,
-                arrow_schema(),
-                mode="ignore",
-                name="pyspark_txn_records",
-                description="pyspark-txn record table (append-only event log)",
-                # The history lives in the rows; old log files only slow down listing.
-                # A writer stalled longer than this between its read and its commit
-                # could recreate a cleaned-up version: far beyond any protocol step.
-                configuration=self._properties(),
-                storage_options=self.storage_options,
-            )
+            try:
+                DeltaTable.create(
+                    self.uri,
+                    arrow_schema(),
+                    mode="ignore",
+                    name="pyspark_txn_records",
+                    description="pyspark-txn record table (append-only event log)",
+                    # The history lives in the rows; old log files only slow down listing.
+                    # A writer stalled longer than this between its read and its commit
+                    # could recreate a cleaned-up version: far beyond any protocol step.
+                    configuration=self._properties(),
+                    storage_options=self.storage_options,
+                )
+            except Exception as e:
+                if not _fs.is_local(self.uri) or self._open() is not None:
+                    raise  # a remote store's error may be transient; a race is won
+                # a read-only filesystem, /proc, a file on the way, no permission: said
+                # here, not as delta-rs' TableNotFoundError (inside Spark's pickling)
+                raise ConfigError(
+                    f"the record table at {self.uri} cannot be created ({e}); the sink's "
+                    "recordTable (default: <checkpointLocation>/pyspark_txn/records) must "
+                    "be a writable location"
+                ) from e
 
     def _properties(self) -> dict[str, str]:
         return {
