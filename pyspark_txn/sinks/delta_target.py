@@ -213,10 +213,14 @@ class DeltaTarget(Target):
         not as a bare OSError of a write task."""
         if not _fs.is_local(self.uri):
             return
-        staging = _fs.join(self.root, STAGING_ROOT)
-        probe = _fs.join(staging, f".probe-{os.getpid()}-{threading.get_ident()}")
+        made = []  # the folders this check makes, deepest last: removed again if empty
+        folder = self.root
+        while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+            made.insert(0, folder)
+            folder = os.path.dirname(folder)
+        probe = _fs.join(self.root, f".pyspark-txn-probe-{os.getpid()}-{threading.get_ident()}")
         try:
-            os.makedirs(staging, exist_ok=True)
+            os.makedirs(self.root, exist_ok=True)
             with open(probe, "wb"):
                 pass
             os.remove(probe)
@@ -225,6 +229,11 @@ class DeltaTarget(Target):
                 f"option path={self.uri!r}: cannot create or write the table's folder there "
                 f"({type(e).__name__}: {e}); give a writable location"
             ) from e
+        for path in reversed(made):
+            try:
+                os.rmdir(path)
+            except OSError:  # another writer put something there meanwhile: it stays
+                break
 
     def _check_no_foreign_files(self) -> None:
         """A new table is created only where nothing but this sink's own files are: its
