@@ -213,7 +213,7 @@ class DeltaTarget(Target):
         not as a bare OSError of a write task."""
         if not _fs.is_local(self.uri):
             return
-        made = []  # the folders this check makes, deepest last: removed again if empty
+        made: list[str] = []  # the folders this check makes, deepest last: removed again if empty
         folder = self.root
         while not os.path.exists(folder) and os.path.dirname(folder) != folder:
             made.insert(0, folder)

@@ -29,8 +29,8 @@ Per batch (all in the driver, in the ``foreachBatch`` callback):
    (``hive_dir``) into the attempt's staging folder, then rename each
    parquet file there under the staging layout's name
    ``part-<sink>-<snapshot>-<token>-00000-<attempt>-<n>.parquet`` and read
-   its bytes for size, CRC32 and footer (rows, Delta stats), fsync (local
-   disks);
+   its bytes for size and CRC32 a chunk at a time and its footer (rows, Delta
+   stats) by itself, never the whole file in memory, fsync (local disks);
 5. commit (``TwoPhaseCommitter.commit`` with Spark's offsets of the batch and
    Spark's run id, or ``LightCommitter.commit``); on any failure before that
    returns, abort as Spark's abort does for ``txn-delta``.
@@ -576,26 +576,32 @@ class _Move:
     partition: int
 
 
+# Bytes read at a time for a staged file's CRC32: a file is never whole in the driver's
+# memory (Spark's files reach 8M rows; up to 8 are measured at once).
+_CHUNK = 4 << 20
+
+
 def _measure(fs, root: str, move: _Move, local: bool, schema) -> TxnHandle:
-    """Size, CRC32, rows and Delta stats of one staged file, from one read of it."""
-    import pyarrow as pa
+    """Size, CRC32, rows and Delta stats of one staged file: the CRC32 over the bytes
+    read a chunk at a time, the footer read by itself (its end of the file only)."""
     import pyarrow.parquet as pq
 
     path = _fs.join(root, move.rel)
-    if local:
-        with open(path, "rb") as f:
-            data = f.read()
+    crc, size = 0, 0
+    with open(path, "rb") if local else fs.open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+        if local:
             os.fsync(f.fileno())
-    else:
-        with fs.open(path, "rb") as f:
-            data = f.read()
-    metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
+        f.seek(0)
+        metadata = pq.ParquetFile(f).metadata
     return TxnHandle(
         partition=move.partition,
         handle=move.rel,
         rows=metadata.num_rows,
-        bytes=len(data),
-        checksum=f"crc32:{zlib.crc32(data):08x}",
+        bytes=size,
+        checksum=f"crc32:{crc:08x}",
         meta={
             "partition_values": dict(move.values),
             "stats": delta_stats(metadata, schema),
