@@ -370,7 +370,7 @@ def _delta_target(committer: TwoPhaseCommitter) -> DeltaTarget:
 
 def _prepare_attempt(opts: DeltaSinkOptions) -> tuple[int, str]:
     """Allocate the batch's snapshot id before phase 1 (see ``_spark.prepare_attempt``)."""
-    return prepare_attempt(opts.committer(), opts.record_table)
+    return prepare_attempt(opts.committer(), opts.record_table, target_meta={"uri": opts.path})
 
 
 class TxnDeltaStreamWriter(WriterBase):

@@ -283,7 +283,7 @@ class DeltaBatchWriter:
         )
         last = committer.load().last_record
         replay = last is not None and batch_id <= last.batch_id
-        snapshot_id, token = committer.allocate()
+        snapshot_id, token = committer.allocate({"uri": opts.path})
         try:
             # A replay was decided before: the committer recognises it (or a checkpoint
             # that went back) from the record; Spark's write never runs.

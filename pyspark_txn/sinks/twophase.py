@@ -184,6 +184,10 @@ def _check_same_target(
         )
 
 
+# (sink, snapshot id, token) of dead attempts this process rolled back and said so
+_ROLLED_BACK: set[tuple[str, int, str]] = set()
+
+
 def last_committed_batch(state: SinkState) -> int | None:
     """The highest batch of a record the record table marks committed, or None."""
     done = [r.batch_id for sid, r in state.records.items() if sid in state.committed]
@@ -273,10 +277,18 @@ class TwoPhaseCommitter:
 
     # --- planner, before each batch's phase 1 ---------------------------------
 
-    def allocate(self) -> tuple[int, str]:
-        """Reserve a snapshot id and token safely; only then may phase 1 stage anything."""
+    def allocate(self, target_meta: Mapping[str, Any] | None = None) -> tuple[int, str]:
+        """Reserve a snapshot id and token safely; only then may phase 1 stage anything.
+
+        ``target_meta`` (the ``uri`` a record would name): a sink whose records name
+        another target is refused here, before phase 1 leaves markers and files in the
+        wrong place (the commit checks again)."""
         self.faults.hit("allocate")
-        event, _ = self._update(allocate)
+        state = None
+        if target_meta is not None:
+            state = self.load()
+            _check_same_target(self.sink_id, state, target_meta)
+        event, _ = self._update(allocate, state)
         return event.snapshot_id, event.payload["token"]
 
     # --- driver, Spark's commit -----------------------------------------------
@@ -444,9 +456,19 @@ class TwoPhaseCommitter:
         forget settled attempts, so the staging area lists only recent ones."""
         attempts = self.target.staged_attempts()
         for sid, token in sorted(dead_snapshots(state, attempts)):
-            log.warning(
-                "sink %s: rolling back dead staged snapshot %d (%s)", self.sink_id, sid, token
+            # Its markers stay until it is settled (a zombie task may still write), so
+            # later sweeps find it again: said once per process, then at DEBUG.
+            key = (self.sink_id, sid, token)
+            log.log(
+                logging.DEBUG if key in _ROLLED_BACK else logging.WARNING,
+                "sink %s: rolling back dead staged snapshot %d (%s)",
+                self.sink_id,
+                sid,
+                token,
             )
+            if len(_ROLLED_BACK) > 10_000:
+                _ROLLED_BACK.clear()
+            _ROLLED_BACK.add(key)
             self.target.discard(sid, token)
             if settled(state, sid):
                 self.target.forget(sid, token)

@@ -240,6 +240,29 @@ def test_a_table_deleted_under_a_running_query_is_not_started_anew(sink):
     assert not os.path.exists(os.path.join(sink.target, "_delta_log"))
 
 
+def test_an_attempt_for_another_path_is_refused_before_anything_is_allocated(sink):
+    """A restart with another path= is refused when the batch is planned, before phase 1
+    leaves markers and files in the other path (issue 23 item 16)."""
+    before = sink.handle().load().next_seq
+    other = str(sink.tmp_path / "other")
+    with pytest.raises(ConfigError, match=r"writes to .*table-a.*but this writer writes to"):
+        sink.committer().allocate({"uri": other})
+    assert sink.handle().load().next_seq == before
+    sink.committer().allocate({"uri": sink.target})  # its own path: allocated
+
+
+def test_a_dead_attempt_is_reported_once_not_at_every_takeover(sink, caplog):
+    sid, token = sink.committer().allocate()  # a killed run's attempt, files staged
+    rows = pa.record_batch([pa.array([99], pa.int64()), pa.array(["x"])], schema=SCHEMA)
+    stage_partition([rows], sink.opts.staging(), sid, token, 0, SCHEMA)
+    with caplog.at_level("WARNING", logger="pyspark_txn"):
+        for b, run in ((2, "run-2"), (3, "run-3"), (4, "run-4")):  # three takeovers
+            sink.batch(b, [b * 10], run_id=run)
+    said = [r for r in caplog.records if "rolling back dead staged snapshot" in r.message]
+    assert [r.message.split()[-2] for r in said] == [str(sid)]
+    assert 99 not in sink.ids()
+
+
 def test_staged_files_lost_with_the_table_s_folder_say_so(sink):
     rec = stuck_after_record(sink, 2, list(range(20, 30)))
     shutil.rmtree(sink.target)
