@@ -4,9 +4,42 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from .errors import ConfigError
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
+_NO_DELTA_RS = ("dbfs",)
+
+
+def check_location(option: str, value: str) -> None:
+    """One check of a location for every entry point (the sinks' and the source's
+    options, the CLI's locations and ``--to``, the Python API's): schemes delta-rs
+    cannot use, a scheme without ``//`` (a local folder of that name would be written),
+    and characters delta-rs cannot take in a table URL, or that a local path would lose
+    (it is read as a URL: ``%20`` becomes a space), are refused by name. ``option``
+    is the name the user gave it (``path``, ``--to``)."""
+    name = option if option.startswith("-") else f"option {option}"
+    scheme = _SCHEME.match(value.strip())
+    if scheme and scheme.group(1).lower() in _NO_DELTA_RS:
+        raise ConfigError(
+            f"{name}={value!r}: delta-rs cannot read or write Databricks' DBFS; use a "
+            "cloud URI (s3://, abfss://, gs://) with storageOptions (docs/databricks.md)"
+        )
+    if scheme and scheme.group(1).lower() != "file" and "://" not in value:
+        raise ConfigError(
+            f"{name}={value!r}: {scheme.group(1)}: looks like a URI scheme without "
+            "'//' (it would be read as a local folder of that name); write "
+            f"{scheme.group(1)}://... or a local path"
+        )
+    bad = sorted(set(value) & set("[]" if "://" in value else "[]%"))
+    if bad:
+        raise ConfigError(
+            f"{name}={value!r}: {' and '.join(repr(c) for c in bad)} cannot be used "
+            "in a location (delta-rs reads it as a URL); rename the folder"
+        )
+
 
 STORAGE_OPTIONS_EXAMPLE = '{"AWS_REGION": "eu-west-1"}'
 

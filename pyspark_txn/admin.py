@@ -27,9 +27,10 @@ from typing import Any
 from urllib.parse import unquote
 
 from . import _fs
+from ._options import check_location
 from .checkpoint import RECORDS_DIR, read_sink_file
 from .errors import ConfigError, TxnError
-from .sinks.twophase import TargetTerms
+from .sinks.twophase import TargetTerms, last_committed_batch
 from .state import (
     DeltaEventLog,
     EventKind,
@@ -80,6 +81,7 @@ def find_record_table(
     """
     if not location.strip():
         raise ConfigError("the location is empty: give a checkpoint location or a record table")
+    check_location("location", location)
     uri = _fs.normalize_uri(location)
     candidate = _fs.join(uri, *RECORDS_DIR)
     if _is_record_table(candidate, storage_options):
@@ -406,6 +408,9 @@ class SinkStatus:
     target_kind: str | None = None
     target_label: str | None = None  # the target as messages name it (no password)
     staged_txns: int | None = None  # staged txns right now, where the target can count them
+    # snapshot ids allocated above the last record, neither recorded nor abandoned: a
+    # batch in flight, or what a failed or killed run left (its next start rolls it back)
+    open_attempts: tuple[int, ...] = ()
 
     @property
     def lag_seconds(self) -> float | None:
@@ -453,6 +458,7 @@ class SinkStatus:
             "stuck": [s.to_json() for s in self.stuck],
             "problems": list(self.problems),
             "export_requests": [r.to_json() for r in self.export_requests],
+            "open_attempts": list(self.open_attempts),
         }
 
 
@@ -527,6 +533,14 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
     if last is not None and handle.has_target and error is None and view.exists is False:
         problems.append(f"the target {handle.target_label} is gone")
     checkpoint = handle.checkpoint
+    floor = last.snapshot_id if last is not None else -1
+    open_attempts = tuple(
+        sorted(
+            sid
+            for sid in state.allocations
+            if sid > floor and sid not in state.abandoned and state.record_for_snapshot(sid) is None
+        )
+    )
     return SinkStatus(
         sink_id=handle.sink_id,
         record_table=handle.record_table,
@@ -554,6 +568,7 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
         target_kind=handle.kind,
         target_label=handle.target_label,
         staged_txns=view.staged_txns,
+        open_attempts=open_attempts,
     )
 
 
@@ -580,6 +595,9 @@ class SnapshotStatus:
     refusal: str | None = None
     terms: TargetTerms | None = None
     txn_states: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # the target is gone although batches up to last_committed were committed to it
+    target_gone: str | None = None
+    last_committed: int | None = None
 
     @property
     def target_holds_batch(self) -> bool:
@@ -606,6 +624,7 @@ class SnapshotStatus:
             "target_error": self.target_error,
             "abandonable": self.refusal is None,
             "refusal": self.refusal,
+            "target_gone": self.target_gone,
         }
         if self.txn_states:
             out["txn_states"] = dict(self.txn_states)
@@ -679,8 +698,32 @@ def _status(
             error = f"{type(e).__name__}: {e}"
     if refusal is None and error is not None:
         refusal = f"the target cannot be read ({error})"
+    gone, last = None, last_committed_batch(state)
+    if (
+        rec is not None
+        and target is not None
+        and batch is None
+        and error is None
+        and last is not None
+    ):
+        try:
+            gone = target.gone()
+        except TxnError:
+            raise
+        except Exception as e:
+            log.warning("sink %s: cannot tell whether the target is there: %r", handle.sink_id, e)
     return SnapshotStatus(
-        handle.sink_id, snapshot_id, kind, rec, batch, error, refusal, handle.terms, states
+        handle.sink_id,
+        snapshot_id,
+        kind,
+        rec,
+        batch,
+        error,
+        refusal,
+        handle.terms,
+        states,
+        gone,
+        last,
     )
 
 

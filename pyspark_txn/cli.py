@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import sys
+from typing import NoReturn
 
 from . import admin
 from .errors import ConfigError, TxnError
@@ -94,6 +95,9 @@ def _describe(status: admin.SnapshotStatus) -> list[str]:
         lines += _txn_lines(status, terms)
         if d["target_error"]:
             lines.append(f"  target: cannot be read: {d['target_error']}")
+        elif status.target_gone is not None:
+            lines.append(f"  target: {status.target_gone}: the table is gone")
+            lines.append(f"  {_gone_restart(status)}")
         elif d["target_batch"] is None:
             lines.append("  target holds no batch of this sink (or does not exist)")
         else:
@@ -101,6 +105,16 @@ def _describe(status: admin.SnapshotStatus) -> list[str]:
     else:
         lines += _txn_lines(status, terms)
     return lines
+
+
+def _gone_restart(status: admin.SnapshotStatus) -> str:
+    """What a restart does where the table is gone (the sink refuses: TargetGoneError)."""
+    return (
+        f"The record table says batches up to {status.last_committed} were committed to it. "
+        "A restart of the query refuses to write (abandoned or not), as writing on would "
+        "make a new table without those batches: restore the table where it was (with its "
+        "_delta_log), or start over with a new checkpoint (its source is read from the start)"
+    )
 
 
 def _txn_lines(status: admin.SnapshotStatus, terms) -> list[str]:
@@ -126,7 +140,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(d, indent=2))
         return 0 if status.healthy else 1
-    print(f"sink {d['sink_id']}: {'healthy' if status.healthy else 'NEEDS ATTENTION'}")
+    verdict = "healthy" if status.healthy else "NEEDS ATTENTION"
+    if status.healthy and status.open_attempts:
+        verdict = "healthy, with a batch in flight or left unfinished"
+    print(f"sink {d['sink_id']}: {verdict}")
+    if status.open_attempts:
+        staged = (
+            f"; {d['staged_txns']} prepared transaction(s) holding their rows' locks"
+            if d["staged_txns"]
+            else ""
+        )
+        print(
+            f"  unfinished: snapshot(s) {', '.join(map(str, status.open_attempts))} allocated "
+            f"and not recorded{staged}: a batch of a running query, or what a failed or "
+            "killed run left, which the query's next start rolls back (or: pyspark-txn "
+            f"abandon {shlex.quote(args.location)} --snapshot N)"
+        )
     if d["last_batch"] is None:
         print("  no batch recorded yet")
     else:
@@ -162,7 +191,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     for problem in status.problems:
         print(f"  problem: {problem}")
-    print(f"  run {d['run_id']} holds epoch {d['epoch']} (query {d['query_id']})")
+    if d["run_id"] is None:
+        print("  no run holds the sink yet (a run takes it at its first commit)")
+    else:
+        query = f" (query {d['query_id']})" if d["query_id"] else ""
+        print(f"  run {d['run_id']} holds epoch {d['epoch']}{query}")
     print(
         f"  record table {d['record_table']}: {d['record_table_events']} events in its "
         f"history, {d['record_table_files']} files, {d['record_table_bytes']} bytes"
@@ -262,7 +295,9 @@ def cmd_abandon(args: argparse.Namespace) -> int:
     print(f"snapshot {args.snapshot} of sink {handle.sink_id} is abandoned.")
     if handle.kind == admin.POSTGRES:
         print("Its prepared transactions are rolled back, as recovery would.")
-    if status.record is not None:
+    if status.target_gone is not None:
+        print(f"But {status.target_gone}: the table is gone. {_gone_restart(status)}.")
+    elif status.record is not None:
         print(
             f"Restart the query: Spark replays batch {status.record.batch_id} and it is "
             "decided anew under a new snapshot id."
@@ -886,7 +921,45 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `pyspark-txn records ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # a location that cannot be read or written: named, no traceback
+        message = f"{type(e).__name__}: {e}"
+        print(f"pyspark-txn: error: {message}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print(json.dumps({"error": message, "type": type(e).__name__}))
+        return 2
+
+
+def run() -> NoReturn:
+    """The ``pyspark-txn`` command: :func:`main`, then exit with its status at once.
+
+    An exit code is the command's contract, but a normal interpreter exit runs the
+    native libraries' teardown (delta-rs' runtime threads, pyarrow's pools), which
+    aborted in about 1 run of 6 (``terminate called without an active exception``,
+    status 134) after the command had printed its result. So: flush what was
+    written, then ``os._exit`` with the status, skipping that teardown.
+    """
+    try:
+        code = main()
+    except SystemExit as e:  # argparse's usage errors and --help
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        print("pyspark-txn: interrupted", file=sys.stderr)
+        code = 130
+    except BaseException:  # a bug: the traceback, as an uncaught error would print it
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be written
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

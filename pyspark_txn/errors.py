@@ -79,6 +79,12 @@ class CheckpointMismatchError(TxnError):
     """
 
 
+class TargetGoneError(CheckpointMismatchError):
+    """The target lost what the record table says was committed to it (the table was
+    deleted or moved): writing on would start a new one silently, without those batches.
+    """
+
+
 class UnsupportedFormatVersion(TxnError):
     """A record was written by a newer pyspark-txn than this one."""
 

@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from . import _fs, admin
+from ._options import check_location
 from .checkpoint import SINK_FILE, latest_batch
 from .errors import ConfigError, CorruptSnapshotError, IndeterminateCommitError, TxnError
 from .state import SinkState, SnapshotRecord, allocate, fold_sink
@@ -287,6 +288,7 @@ def _check_to(
         raise ConfigError(f"sink {handle.sink_id!r} has no target yet: nothing to export")
     if not isinstance(to, str) or not to.strip():
         raise ConfigError("--to: must name a directory")
+    check_location("--to", to)
     uri = _fs.normalize_uri(to)
     state = handle.load() if state is None else state
     places = [
@@ -729,11 +731,12 @@ def _export_pinned(
     uri = _check_to(handle, to, sink_state, serving=name if serving else None)
     fs, root = _fs.filesystem(uri)
     _prepare_location(fs, root, handle, uri, replace_unfinished)
+    existed = fs.exists(root)
+    _check_writable(fs, root, uri, existed)  # before anything is allocated or written
     store = handle.record_store()
     allocated, _ = store.update(handle.sink_id, fold_sink, allocate)
     assert allocated is not None and allocated.snapshot_id is not None  # allocate always appends
     snapshot_id: int = allocated.snapshot_id
-    existed = fs.exists(root)
     fs.makedirs(root, exist_ok=True)
     owner = _owner()
     token = owner["token"]
@@ -819,6 +822,27 @@ def _remove_own_copy(fs, root: str, token: str, uri: str, name: str, existed: bo
                 fs.makedirs(root, exist_ok=True)
         except Exception as e:  # noqa: BLE001 - the marker says what is left
             log.error("could not remove the partial copy at %s: %r", uri, e)
+
+
+def _check_writable(fs, root: str, uri: str, existed: bool) -> None:
+    """``--to`` can be made and written (a read-only filesystem, /proc, a file on the way,
+    no permission): a ConfigError naming it, instead of an OSError half way."""
+    probe = _fs.join(root, f".pyspark-txn-probe-{uuid.uuid4().hex[:8]}")
+    try:
+        fs.makedirs(root, exist_ok=True)
+        with fs.open(probe, "wb") as f:
+            f.write(b"")
+        fs.rm(probe)
+    except OSError as e:
+        if not existed:
+            try:
+                fs.rmdir(root)
+            except OSError:
+                pass
+        raise ConfigError(
+            f"--to={uri!r}: cannot create or write a folder there ({type(e).__name__}: {e}); "
+            "give a writable location"
+        ) from e
 
 
 def _copy_and_register(

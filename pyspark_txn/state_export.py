@@ -37,6 +37,7 @@ from functools import partial
 from typing import Any
 
 from . import _fs
+from ._options import check_location
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -464,6 +465,7 @@ def export_state(
     """
     if batch_id < 0:
         raise ConfigError(f"batch id {batch_id}: expected a batch id >= 0")
+    check_location("to", to)
     if spark is None:
         try:
             stateful = has_state(checkpoint, fs_options)

@@ -28,6 +28,10 @@ if [ "${1:-}" = "--servers" ]; then
   if ! command -v redis-server >/dev/null 2>&1; then
     apt_install redis-server
   fi
+  # javac: tests/spark/test_fast_path_attempts.py compiles a Hadoop committer
+  if ! command -v javac >/dev/null 2>&1; then
+    apt_install openjdk-17-jdk-headless
+  fi
   if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
     apt_install postgresql
   fi

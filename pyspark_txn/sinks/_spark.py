@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,11 +34,11 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "OFF")
 
 
 def parse_bool(name: str, value: str) -> bool:
+    """``true`` or ``false`` (any case), as Spark's own boolean options: the message says
+    so, and a ``yes`` another tool reads differently is refused rather than guessed."""
     v = value.strip().lower()
-    if v in ("true", "1", "yes"):
-        return True
-    if v in ("false", "0", "no"):
-        return False
+    if v in ("true", "false"):
+        return v == "true"
     raise ConfigError(f"option {name}={value!r}: expected true or false")
 
 
@@ -178,7 +178,11 @@ _CREATED_LOCK = threading.Lock()
 
 
 def prepare_attempt(
-    committer: TwoPhaseCommitter, record_table: str, *, release_staged: bool = False
+    committer: TwoPhaseCommitter,
+    record_table: str,
+    *,
+    release_staged: bool = False,
+    target_meta: Mapping[str, Any] | None = None,
 ) -> tuple[int, str]:
     """Planner side, before phase 1 (the writer checked the stream's schema when it was
     made): allocate the batch's snapshot id. Returns (snapshot id, token).
@@ -193,7 +197,7 @@ def prepare_attempt(
             _CREATED.add(record_table)
     if release_staged:
         committer.release_staged()
-    return committer.allocate()
+    return committer.allocate(target_meta)
 
 
 def spark_to_arrow_schema(spark_schema, target: str = "a Delta table"):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from .. import _fs
-from .._options import parse_storage_options, reject_unknown_options
+from .._options import check_location, parse_storage_options, reject_unknown_options
 from ..checkpoint import (
     default_record_table,
     persisted_sink_id,
@@ -73,8 +73,6 @@ _PROPERTY_BY_KEY = {k.lower(): k for k in TABLE_PROPERTIES}
 
 
 def _parse_table_properties(opts: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    import re
-
     out = []
     for key, value in sorted(opts.items()):
         if not key.startswith("delta."):
@@ -108,33 +106,6 @@ def _parse_compression(value: str) -> str:
             f"option compression={value!r}: expected one of {', '.join(PARQUET_CODECS)}"
         )
     return codec
-
-
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
-_NO_DELTA_RS = ("dbfs",)
-
-
-def _check_location(option: str, value: str) -> None:
-    """Characters delta-rs cannot take in a table URL, or that a local path would lose
-    (it is read as a URL: ``%20`` becomes a space), are refused by name."""
-    scheme = _SCHEME.match(value.strip())
-    if scheme and scheme.group(1).lower() in _NO_DELTA_RS:
-        raise ConfigError(
-            f"option {option}={value!r}: delta-rs cannot commit to Databricks' DBFS; use a "
-            "cloud URI (s3://, abfss://, gs://) with storageOptions (docs/databricks.md)"
-        )
-    if scheme and scheme.group(1).lower() != "file" and "://" not in value:
-        raise ConfigError(
-            f"option {option}={value!r}: {scheme.group(1)}: looks like a URI scheme without "
-            "'//' (it would be read as a local folder of that name); write "
-            f"{scheme.group(1)}://... or a local path"
-        )
-    bad = sorted(set(value) & set("[]" if "://" in value else "[]%"))
-    if bad:
-        raise ConfigError(
-            f"option {option}={value!r}: {' and '.join(repr(c) for c in bad)} cannot be used "
-            "in a location (delta-rs reads it as a URL); rename the folder"
-        )
 
 
 @dataclass(frozen=True)
@@ -201,9 +172,9 @@ class DeltaSinkOptions:
                 )
         log_level = parse_log_level(opts.get("loglevel", cls.log_level))
         for key, name in (("path", "path"), ("checkpointlocation", "checkpointLocation")):
-            _check_location(name, opts[key])
+            check_location(name, opts[key])
         if opts.get("recordtable"):
-            _check_location("recordTable", opts["recordtable"])
+            check_location("recordTable", opts["recordtable"])
         path = _fs.normalize_uri(opts["path"])
         checkpoint = _fs.normalize_uri(opts["checkpointlocation"])
         prefix = check_sink_id(opts.get("sinkidprefix", cls.sink_id_prefix), "sinkIdPrefix")
@@ -399,7 +370,7 @@ def _delta_target(committer: TwoPhaseCommitter) -> DeltaTarget:
 
 def _prepare_attempt(opts: DeltaSinkOptions) -> tuple[int, str]:
     """Allocate the batch's snapshot id before phase 1 (see ``_spark.prepare_attempt``)."""
-    return prepare_attempt(opts.committer(), opts.record_table)
+    return prepare_attempt(opts.committer(), opts.record_table, target_meta={"uri": opts.path})
 
 
 class TxnDeltaStreamWriter(WriterBase):

@@ -13,6 +13,7 @@ import base64
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -64,7 +65,8 @@ def table_arrow_schema(dt):
 
 
 def schema_drift(table_schema, stream_schema) -> tuple[list[str], list[str]]:
-    """(columns the stream adds, human-readable incompatibilities)."""
+    """(columns the stream adds, human-readable incompatibilities). Nullable columns of
+    the table the stream lacks are none of these: they are null in the stream's rows."""
     table = {f.name: f for f in table_schema}
     by_lower = {name.lower(): name for name in table}
     added, problems = [], []
@@ -82,7 +84,14 @@ def schema_drift(table_schema, stream_schema) -> tuple[list[str], list[str]]:
             problems.append(
                 f"column {f.name!r} is {old.type} in the table but {f.type} in the stream"
             )
-    problems += [f"column {name!r} of the table is missing from the stream" for name in table]
+    # As Spark's Delta sink: a nullable column the stream lacks reads as null in its
+    # rows (a data file without a column of the table has nulls there, for every Delta
+    # reader); a NOT NULL one cannot be left empty.
+    problems += [
+        f"column {name!r} of the table is NOT NULL and missing from the stream"
+        for name, f in table.items()
+        if not f.nullable
+    ]
     return added, problems
 
 
@@ -128,6 +137,11 @@ class DeltaTarget(Target):
         dt = self.open()
         return None if dt is None else dt.transaction_version(sink_id)
 
+    def gone(self) -> str | None:
+        if self.open() is not None:
+            return None
+        return f"there is no Delta table at {self.uri} (no _delta_log there)"
+
     def check_stream_schema(self, stream_schema, merge_schema: bool) -> None:
         """Refuse schema drift and partitioning changes before anything is staged."""
         if self.fs.isfile(self.root):
@@ -147,6 +161,7 @@ class DeltaTarget(Target):
                 )
         if dt is None:  # partition columns were checked against the stream by the options
             self._check_no_foreign_files()
+            self._check_writable()
             return
         # The writer checks at every batch and the commit again: once per table
         # version, schema and settings is enough in a process.
@@ -191,6 +206,34 @@ class DeltaTarget(Target):
             raise ConfigError(
                 f"the stream's schema does not match the Delta table at {self.uri}: {detail}.{hint}"
             )
+
+    def _check_writable(self) -> None:
+        """A new table's folder can be made and written (local disks: a read-only
+        filesystem, /proc, a file on the way), said by name before anything is staged,
+        not as a bare OSError of a write task."""
+        if not _fs.is_local(self.uri):
+            return
+        made: list[str] = []  # the folders this check makes, deepest last: removed again if empty
+        folder = self.root
+        while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+            made.insert(0, folder)
+            folder = os.path.dirname(folder)
+        probe = _fs.join(self.root, f".pyspark-txn-probe-{os.getpid()}-{threading.get_ident()}")
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            with open(probe, "wb"):
+                pass
+            os.remove(probe)
+        except OSError as e:
+            raise ConfigError(
+                f"option path={self.uri!r}: cannot create or write the table's folder there "
+                f"({type(e).__name__}: {e}); give a writable location"
+            ) from e
+        for path in reversed(made):
+            try:
+                os.rmdir(path)
+            except OSError:  # another writer put something there meanwhile: it stays
+                break
 
     def _check_no_foreign_files(self) -> None:
         """A new table is created only where nothing but this sink's own files are: its
@@ -296,9 +339,16 @@ class DeltaTarget(Target):
             if rows != t.rows:
                 bad.append(f"{t.handle} (expected {t.rows} rows, its footer says {rows})")
         if bad:
+            gone = not self.fs.exists(self.root)
             raise CorruptSnapshotError(
-                f"sink {self.sink_id!r}, snapshot {snapshot_id}: staged files are missing or "
-                f"changed in {self.uri}: {', '.join(bad)}"
+                f"sink {self.sink_id!r}, snapshot {snapshot_id}: "
+                + (
+                    f"the folder {self.uri} is gone (deleted or moved): the table is gone, "
+                    "and the files staged in it with it: "
+                    if gone
+                    else f"staged files are missing or changed in {self.uri}: "
+                )
+                + ", ".join(bad)
             )
 
     def discard(self, snapshot_id: int, token: str, keep: Iterable[str] = ()) -> None:

@@ -17,8 +17,11 @@ Per batch (all in the driver, in the ``foreachBatch`` callback):
 2. allocate a snapshot id and token (light mode: ``LIGHT_SNAPSHOT_ID`` and a
    fresh token);
 3. run Spark's write (``partitionBy`` for partitioned tables, rows never
-   leave the JVM) into ``txn-staged/<sink>/<snapshot>-<token>/spark/``: every
-   file Spark leaves there (task temporaries, ``.crc``, a failed job's
+   leave the JVM) into ``txn-staged/<sink>/<snapshot>-<token>/spark/``, with
+   Spark's Hadoop commit protocol and FileOutputCommitter algorithm 1 whatever
+   the session sets (``_WRITE_CONF``), so that outside ``_temporary/`` the
+   folder holds the files of the task attempts Spark committed and no other:
+   every file Spark leaves there (task temporaries, ``.crc``, a failed job's
    output) is under the attempt's staging folder, which the sweep and
    ``discard`` already list;
 4. map each of Spark's ``c=v/`` folders to the partition values ``txn-delta``
@@ -26,8 +29,8 @@ Per batch (all in the driver, in the ``foreachBatch`` callback):
    (``hive_dir``) into the attempt's staging folder, then rename each
    parquet file there under the staging layout's name
    ``part-<sink>-<snapshot>-<token>-00000-<attempt>-<n>.parquet`` and read
-   its bytes for size, CRC32 and footer (rows, Delta stats), fsync (local
-   disks);
+   its bytes for size and CRC32 a chunk at a time and its footer (rows, Delta
+   stats) by itself, never the whole file in memory, fsync (local disks);
 5. commit (``TwoPhaseCommitter.commit`` with Spark's offsets of the batch and
    Spark's run id, or ``LightCommitter.commit``); on any failure before that
    returns, abort as Spark's abort does for ``txn-delta``.
@@ -280,7 +283,7 @@ class DeltaBatchWriter:
         )
         last = committer.load().last_record
         replay = last is not None and batch_id <= last.batch_id
-        snapshot_id, token = committer.allocate()
+        snapshot_id, token = committer.allocate({"uri": opts.path})
         try:
             # A replay was decided before: the committer recognises it (or a checkpoint
             # that went back) from the record; Spark's write never runs.
@@ -399,6 +402,7 @@ class DeltaBatchWriter:
             df.write.mode("error")
             .option("compression", _SPARK_CODECS[opts.compression])
             .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+            .options(**_HADOOP_OPTIONS)
             .options(**_encoding_options(df.schema))
         )
         if opts.partition_by:
@@ -422,11 +426,29 @@ class DeltaBatchWriter:
 # Session settings of Spark's parquet writer that would make files other readers get
 # wrong: INT96 timestamps have no Delta stats (delta-rs reads micros), and LEGACY
 # rebasing (a Spark 2 leftover) writes Julian calendar values that only Spark undoes.
+#
+# And the commit protocol: the staged files are what Spark's output folder holds after
+# the job, so only the files of the task attempts Spark committed may be there. Spark's
+# Hadoop protocol with a FileOutputCommitter (algorithm 1, _HADOOP_OPTIONS) publishes
+# committed tasks' files at job commit and nothing else: a failed or lost attempt's
+# files stay under _temporary/, which _spark_output skips and _stage deletes. A
+# committer of the session's that writes into the output folder directly (Databricks'
+# transactional protocol, any committer that is no FileOutputCommitter: Spark writes
+# straight into the folder then) leaves a failed attempt's files next to the committed
+# ones, and they would be committed to the table.
 _WRITE_CONF = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
     "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+    "spark.sql.sources.commitProtocolClass": (
+        "org.apache.spark.sql.execution.datasources.SQLHadoopMapReduceCommitProtocol"
+    ),
+    "spark.sql.parquet.output.committer.class": "org.apache.parquet.hadoop.ParquetOutputCommitter",
 }
+# Hadoop settings of the write (options of the writer): algorithm 2 moves a task's files
+# into the output folder at task commit, where a task that fails after its commit, or
+# a commit cut half way, leaves them.
+_HADOOP_OPTIONS = {"mapreduce.fileoutputcommitter.algorithm.version": "1"}
 
 
 def _roll_back(undo: Callable[[], None], sink_id: str, batch_id: int) -> None:
@@ -554,26 +576,32 @@ class _Move:
     partition: int
 
 
+# Bytes read at a time for a staged file's CRC32: a file is never whole in the driver's
+# memory (Spark's files reach 8M rows; up to 8 are measured at once).
+_CHUNK = 4 << 20
+
+
 def _measure(fs, root: str, move: _Move, local: bool, schema) -> TxnHandle:
-    """Size, CRC32, rows and Delta stats of one staged file, from one read of it."""
-    import pyarrow as pa
+    """Size, CRC32, rows and Delta stats of one staged file: the CRC32 over the bytes
+    read a chunk at a time, the footer read by itself (its end of the file only)."""
     import pyarrow.parquet as pq
 
     path = _fs.join(root, move.rel)
-    if local:
-        with open(path, "rb") as f:
-            data = f.read()
+    crc, size = 0, 0
+    with open(path, "rb") if local else fs.open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+        if local:
             os.fsync(f.fileno())
-    else:
-        with fs.open(path, "rb") as f:
-            data = f.read()
-    metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
+        f.seek(0)
+        metadata = pq.ParquetFile(f).metadata
     return TxnHandle(
         partition=move.partition,
         handle=move.rel,
         rows=metadata.num_rows,
-        bytes=len(data),
-        checksum=f"crc32:{zlib.crc32(data):08x}",
+        bytes=size,
+        checksum=f"crc32:{crc:08x}",
         meta={
             "partition_values": dict(move.values),
             "stats": delta_stats(metadata, schema),

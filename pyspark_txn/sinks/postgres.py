@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import _fs
-from .._options import reject_unknown_options
+from .._options import check_location, reject_unknown_options
 from ..checkpoint import (
     default_record_table,
     latest_batch,
@@ -154,6 +154,7 @@ class PostgresSinkOptions:
             raise ConfigError("option keyColumns applies to mode=upsert only")
         if len(set(keys)) != len(keys):
             raise ConfigError(f"option keyColumns={opts['keycolumns']!r} repeats a column")
+        check_location("checkpointLocation", opts["checkpointlocation"])
         checkpoint = _fs.normalize_uri(opts["checkpointlocation"])
         prefix = check_sink_id(opts.get("sinkidprefix", "txn"), "sinkIdPrefix")
         explicit = check_sink_id(opts["sinkid"], "sinkId") if "sinkid" in opts else None

@@ -194,7 +194,8 @@ def db_error(e: BaseException, doing: str, url: str) -> TxnError | None:
     ):
         return ConfigError(
             f"{head}. Check the user, the database name and the password (the URL, "
-            "passwordFile, PGPASSWORD or ~/.pgpass) and the server's pg_hba.conf"
+            "passwordFile (the CLI's --password-file), PGPASSWORD or ~/.pgpass) and the "
+            "server's pg_hba.conf"
         )
     if isinstance(e, psycopg.OperationalError):
         return TargetUnavailableError(
@@ -472,8 +473,10 @@ def stage_partition(
     target = _ident(cfg.schema, cfg.table)
     stage = _ident(cfg.schema, "pyspark_txn_stage_" + hashlib.sha1(gid.encode()).hexdigest()[:20])
     rows = nbytes = 0
-    conn = cfg.connector.connect(autocommit=False, doing=f"partition {partition}: connecting")
+    conn = cfg.connector.connect(autocommit=True, doing=f"partition {partition}: connecting")
     try:
+        _roll_back_earlier_attempts(conn, gid, cfg.sink_id)
+        conn.autocommit = False
         with conn.cursor() as cur:
             cur.execute(
                 sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{cfg.lock_timeout_s}s"))
@@ -537,12 +540,23 @@ def stage_partition(
             cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
     except psycopg.errors.LockNotAvailable as e:
         conn.rollback()
+        if cfg.mode == "upsert":
+            fix = (
+                "Another partition of the same batch holds a row with the same key in its "
+                "prepared transaction: repartition the stream by keyColumns "
+                f"({', '.join(cfg.key_columns)}) before the sink, or an application outside "
+                "the sink holds the lock"
+            )
+        else:
+            fix = (
+                "The table has a unique key or constraint, and another partition of the same "
+                "batch (or an application outside the sink) holds a row with the same key "
+                "uncommitted: drop duplicates of the key in the query (a duplicate would be "
+                "refused anyway), or write with mode=upsert and keyColumns"
+            )
         raise ConfigError(
             f"txn-postgres: partition {partition} waited {cfg.lock_timeout_s}s for a row lock "
-            f"on {cfg.schema}.{cfg.table} ({e}). Another partition of the same batch holds a "
-            "row with the same key in its prepared transaction: repartition the stream by "
-            f"keyColumns ({', '.join(cfg.key_columns)}) before the sink, or an application "
-            "outside the sink holds the lock"
+            f"on {cfg.schema}.{cfg.table} ({e}). {fix}"
         ) from e
     except BaseException as e:
         try:
@@ -557,6 +571,39 @@ def stage_partition(
     finally:
         conn.close()
     return [TxnHandle(partition, gid, rows, nbytes, f"rows:{rows}", {})]
+
+
+def _roll_back_earlier_attempts(conn, gid: str, sink_id: str) -> None:
+    """Roll back what an earlier attempt of this task (same snapshot, token and
+    partition; Spark retries a task under a new attempt number) left prepared.
+
+    Its transaction holds the locks of its rows until someone ends it, so the retry
+    would wait on its own first attempt (a unique key: every row again) and fail
+    after ``lock_timeout``. Spark takes one attempt's result per task and this one is
+    running, so the earlier one's result is not taken: a failed attempt's never is.
+    (A speculative copy may run beside the original; should the original still win,
+    its gid is gone and the commit's ``verify_staged`` refuses the batch before any
+    record is written: Spark runs it again, nothing is lost.)
+    """
+    from psycopg import errors as pe
+    from psycopg import sql
+
+    task = gid.rsplit(":", 1)[0] + ":"
+    rows = conn.execute(
+        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+        "AND left(gid, %s) = %s AND gid <> %s",
+        (len(task), task, gid),
+    ).fetchall()
+    for (earlier,) in rows:
+        try:
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(earlier)))
+        except pe.UndefinedObject:  # ended meanwhile (an abort, the planner's release)
+            continue
+        log.warning(
+            "sink %s: rolled back %s, an earlier attempt of this task, before its retry",
+            sink_id,
+            earlier,
+        )
 
 
 def _chain(first, rest):
@@ -899,6 +946,11 @@ class PostgresTarget(Target):
             missing_ok=True,
         )
         return rows[0][0] if rows else None
+
+    def gone(self) -> str | None:
+        if self.table_exists():
+            return None
+        return f"there is no table {self.schema}.{self.table} in the database"
 
     def table_exists(self) -> bool:
         from psycopg import sql

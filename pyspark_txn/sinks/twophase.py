@@ -19,7 +19,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from ..errors import CheckpointMismatchError, ConfigError, IndeterminateCommitError, TxnError
+from ..errors import (
+    CheckpointMismatchError,
+    ConfigError,
+    IndeterminateCommitError,
+    TargetGoneError,
+    TxnError,
+)
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import (
     Event,
@@ -140,6 +146,12 @@ class Target(ABC):
         """Drop what finds an attempt's artifacts (markers) once no task of it can write:
         committed data stays; ``staged_attempts`` no longer lists the attempt."""
 
+    def gone(self) -> str | None:
+        """Where the target no longer exists (a Delta table deleted or moved, a
+        PostgreSQL table dropped): a sentence naming it, else None. Read only when
+        ``committed_batch`` says None, so it costs nothing in a steady run."""
+        return None
+
     def abandon_refusal(self, record: SnapshotRecord) -> str | None:
         """Why withdrawing the safe ``record`` now would lose or duplicate data although
         ``committed_batch`` does not hold its batch (phase 2 has begun, or can still
@@ -170,6 +182,35 @@ def _check_same_target(
             "table. Give the other table its own query and checkpoint (a foreachBatch that "
             "writes two tables: use mode=light, or write the two tables from two queries)"
         )
+
+
+# (sink, snapshot id, token) of dead attempts this process rolled back and said so
+_ROLLED_BACK: set[tuple[str, int, str]] = set()
+
+
+def last_committed_batch(state: SinkState) -> int | None:
+    """The highest batch of a record the record table marks committed, or None."""
+    done = [r.batch_id for sid, r in state.records.items() if sid in state.committed]
+    return max(done) if done else None
+
+
+def target_gone_error(sink_id: str, state: SinkState, target: Target) -> TargetGoneError | None:
+    """The error for a target that is gone although the record table says batches were
+    committed to it (None: it is there, or nothing was committed). ``committed_batch``
+    must have said None."""
+    last = last_committed_batch(state)
+    if last is None:
+        return None
+    gone = target.gone()
+    if gone is None:
+        return None
+    return TargetGoneError(
+        f"sink {sink_id!r}: {gone}: the table is gone. This sink's record table says "
+        f"batches up to {last} were committed to it; writing on would make a new table "
+        "without them, and Spark would not serve them again. Restore the table where it "
+        "was (with its history: the _delta_log), or start over with a new checkpoint "
+        "(a new query reads its source from the start)"
+    )
 
 
 def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T:
@@ -236,10 +277,18 @@ class TwoPhaseCommitter:
 
     # --- planner, before each batch's phase 1 ---------------------------------
 
-    def allocate(self) -> tuple[int, str]:
-        """Reserve a snapshot id and token safely; only then may phase 1 stage anything."""
+    def allocate(self, target_meta: Mapping[str, Any] | None = None) -> tuple[int, str]:
+        """Reserve a snapshot id and token safely; only then may phase 1 stage anything.
+
+        ``target_meta`` (the ``uri`` a record would name): a sink whose records name
+        another target is refused here, before phase 1 leaves markers and files in the
+        wrong place (the commit checks again)."""
         self.faults.hit("allocate")
-        event, _ = self._update(allocate)
+        state = None
+        if target_meta is not None:
+            state = self.load()
+            _check_same_target(self.sink_id, state, target_meta)
+        event, _ = self._update(allocate, state)
         return event.snapshot_id, event.payload["token"]
 
     # --- driver, Spark's commit -----------------------------------------------
@@ -300,6 +349,10 @@ class TwoPhaseCommitter:
         for pending in pending_phase2(state):
             state, confirms[pending.snapshot_id] = self._phase2(state, pending, confirm=False)
         committed = self.target.committed_batch(self.sink_id)
+        if committed is None:
+            gone = target_gone_error(self.sink_id, state, self.target)
+            if gone is not None:
+                raise gone
         if committed is not None and committed >= batch_id:
             raise CheckpointMismatchError(
                 f"sink {self.sink_id!r}: the target already holds batch {committed} but the "
@@ -403,9 +456,19 @@ class TwoPhaseCommitter:
         forget settled attempts, so the staging area lists only recent ones."""
         attempts = self.target.staged_attempts()
         for sid, token in sorted(dead_snapshots(state, attempts)):
-            log.warning(
-                "sink %s: rolling back dead staged snapshot %d (%s)", self.sink_id, sid, token
+            # Its markers stay until it is settled (a zombie task may still write), so
+            # later sweeps find it again: said once per process, then at DEBUG.
+            key = (self.sink_id, sid, token)
+            log.log(
+                logging.DEBUG if key in _ROLLED_BACK else logging.WARNING,
+                "sink %s: rolling back dead staged snapshot %d (%s)",
+                self.sink_id,
+                sid,
+                token,
             )
+            if len(_ROLLED_BACK) > 10_000:
+                _ROLLED_BACK.clear()
+            _ROLLED_BACK.add(key)
             self.target.discard(sid, token)
             if settled(state, sid):
                 self.target.forget(sid, token)
@@ -418,6 +481,10 @@ class TwoPhaseCommitter:
 
     def _check_target_matches(self, state: SinkState) -> None:
         committed = self.target.committed_batch(self.sink_id)
+        if committed is None:
+            gone = target_gone_error(self.sink_id, state, self.target)
+            if gone is not None:  # before phase 2 of a pending record makes a new table
+                raise gone
         last = state.last_record.batch_id if state.last_record else None
         if committed is not None and (last is None or committed > last):
             recorded = "has no record of any batch" if last is None else f"ends at batch {last}"

@@ -42,7 +42,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from .. import _fs
-from .._options import parse_storage_options, reject_unknown_options
+from .._options import check_location, parse_storage_options, reject_unknown_options
 from ..errors import ConfigError, SourceError
 from ..sinks.delta import spark_to_arrow_schema
 from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order
@@ -124,6 +124,7 @@ class DeltaSourceOptions:
             raise ConfigError(
                 f"txn-delta source: option ignoreChanges={ignore!r}: expected true or false"
             )
+        check_location("path", opts["path"])
         return cls(
             path=_fs.normalize_uri(opts["path"]),
             starting=starting,
@@ -137,11 +138,29 @@ class DeltaSourceOptions:
 
     def table(self, version: int | None = None):
         from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
 
         try:
             return DeltaTable(
                 self.path, version=version, storage_options=dict(self.storage_options) or None
             )
+        except TableNotFoundError as e:
+            if version is None and "No files in log segment" in str(e):
+                # delta-rs' words for a folder without commits: say it in the user's terms
+                raise SourceError(
+                    f"txn-delta source: cannot open the Delta table {self.path}: option "
+                    f"path={self.path!r} is not a Delta table (no commits in its _delta_log/; "
+                    f"delta-rs: {e}). Give the folder that holds the table's _delta_log/"
+                ) from e
+            if version is None:
+                raise SourceError(
+                    f"txn-delta source: cannot open the Delta table {self.path}: option "
+                    f"path={self.path!r}: no table there ({e})"
+                ) from e
+            raise SourceError(
+                f"txn-delta source: cannot open the Delta table {self.path} at version "
+                f"{version}: {e}"
+            ) from e
         except Exception as e:
             at = "its latest version" if version is None else f"version {version}"
             hint = (

@@ -28,6 +28,7 @@ from typing import Any
 
 from .. import _fs
 from .._delta import forget_table, open_table
+from ..errors import ConfigError
 from .events import Event, arrow_schema, events_to_arrow
 from .store import AppendRejected, EventLog
 
@@ -128,9 +129,18 @@ class DeltaEventLog(EventLog):
                 storage_options=self.storage_options,
                 commit_properties=CommitProperties(max_commit_retries=0),
             )
-        except Exception:
-            if self._open() is None:  # not a lost race
-                raise
+        except Exception as e:
+            if self._open() is not None:
+                return  # a lost race: the winner's table is ours too
+            if not _fs.is_local(self.uri):
+                raise  # a remote store's error may be transient
+            # a read-only filesystem, /proc, a file on the way, no permission: said
+            # here, not as delta-rs' TableNotFoundError (inside Spark's pickling)
+            raise ConfigError(
+                f"the record table at {self.uri} cannot be created ({e}); the sink's "
+                "recordTable (default: <checkpointLocation>/pyspark_txn/records) must "
+                "be a writable location"
+            ) from e
 
     def _properties(self) -> dict[str, str]:
         return {

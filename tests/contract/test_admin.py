@@ -16,7 +16,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from pyspark_txn import admin, cli
-from pyspark_txn.errors import ConfigError, CorruptSnapshotError, TxnError
+from pyspark_txn.errors import ConfigError, CorruptSnapshotError, TargetGoneError, TxnError
 from pyspark_txn.faults import FaultPlan, InjectedFault
 from pyspark_txn.sinks.delta import DeltaSinkOptions
 from pyspark_txn.sinks.delta_target import schema_to_b64
@@ -209,6 +209,67 @@ def test_stuck_record_is_listed_and_abandoned_then_the_batch_is_decided_anew(sin
     assert admin.verify(handle).ok
 
 
+def test_a_deleted_table_is_named_and_never_silently_started_anew(sink, capsys):
+    """The table is deleted while batch 2 is stuck: stuck and abandon say the table is
+    gone and what a restart does, and the sink refuses to write a new table without
+    batches 0 and 1 (issue 23 item 9: it once landed batch 3 at version 0)."""
+    rec = stuck_after_record(sink, 2, list(range(20, 30)))
+    shutil.rmtree(sink.target)
+    with pytest.raises(TargetGoneError, match="the table is gone") as e:
+        sink.batch(2, list(range(20, 30)), run_id="run-2")  # a restart's recovery
+    assert "batches up to 1 were committed" in str(e.value)
+    assert not os.path.exists(os.path.join(sink.target, "_delta_log"))  # no new table
+
+    code, out, _ = run_cli(capsys, "stuck", sink.chk)
+    assert code == 0 and "no Delta table at" in out and "the table is gone" in out
+    assert "A restart of the query refuses to write" in out
+    code, out, _ = run_cli(capsys, "stuck", sink.chk, "--json")
+    assert "the table is gone" not in out and "no Delta table at" in out  # target_gone
+
+    code, out, _ = run_cli(capsys, "abandon", sink.chk, "--snapshot", rec.snapshot_id, "--yes")
+    assert code == 0 and "the table is gone" in out and "Spark replays" not in out
+    with pytest.raises(TargetGoneError):  # abandoned or not: never a silent new table
+        sink.batch(3, list(range(30, 40)), run_id="run-3")
+    assert not os.path.exists(os.path.join(sink.target, "_delta_log"))
+
+
+def test_a_table_deleted_under_a_running_query_is_not_started_anew(sink):
+    shutil.rmtree(sink.target)
+    with pytest.raises(TargetGoneError, match="the table is gone"):
+        sink.batch(2, list(range(20, 30)))  # the same run: no takeover, no recovery
+    assert not os.path.exists(os.path.join(sink.target, "_delta_log"))
+
+
+def test_an_attempt_for_another_path_is_refused_before_anything_is_allocated(sink):
+    """A restart with another path= is refused when the batch is planned, before phase 1
+    leaves markers and files in the other path (issue 23 item 16)."""
+    before = sink.handle().load().next_seq
+    other = str(sink.tmp_path / "other")
+    with pytest.raises(ConfigError, match=r"writes to .*table-a.*but this writer writes to"):
+        sink.committer().allocate({"uri": other})
+    assert sink.handle().load().next_seq == before
+    sink.committer().allocate({"uri": sink.target})  # its own path: allocated
+
+
+def test_a_dead_attempt_is_reported_once_not_at_every_takeover(sink, caplog):
+    sid, token = sink.committer().allocate()  # a killed run's attempt, files staged
+    rows = pa.record_batch([pa.array([99], pa.int64()), pa.array(["x"])], schema=SCHEMA)
+    stage_partition([rows], sink.opts.staging(), sid, token, 0, SCHEMA)
+    with caplog.at_level("WARNING", logger="pyspark_txn"):
+        for b, run in ((2, "run-2"), (3, "run-3"), (4, "run-4")):  # three takeovers
+            sink.batch(b, [b * 10], run_id=run)
+    said = [r for r in caplog.records if "rolling back dead staged snapshot" in r.message]
+    assert [r.message.split()[-2] for r in said] == [str(sid)]
+    assert 99 not in sink.ids()
+
+
+def test_staged_files_lost_with_the_table_s_folder_say_so(sink):
+    rec = stuck_after_record(sink, 2, list(range(20, 30)))
+    shutil.rmtree(sink.target)
+    with pytest.raises(CorruptSnapshotError, match="is gone .*the table is gone"):
+        sink.committer().target.verify_staged(rec.snapshot_id, rec.token, rec.txns)
+
+
 def test_abandon_refuses_a_committed_snapshot(sink):
     handle = sink.handle()
     before = len(handle.record_store().events(sink.sink_id))
@@ -351,6 +412,25 @@ def test_cli_status_of_a_healthy_then_a_stuck_sink(sink, capsys):
     assert f"snapshot {rec.snapshot_id} of sink {sink.sink_id}: pending" in out
     code, out, _ = run_cli(capsys, "status", sink.chk, "--json")
     assert code == 1 and [s["batch_id"] for s in json.loads(out)["stuck"]] == [2]
+
+
+def test_cli_status_after_a_failed_first_batch_and_a_killed_run(tmp_path, capsys):
+    """No Python None in the text, and not a plain "healthy" while an attempt is left
+    unfinished (issue 23 item 13)."""
+    sink = SinkDriver(tmp_path)
+    sink.committer().allocate()  # the first batch failed after its allocation
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert "None" not in out, out
+    assert f"sink {sink.sink_id}: healthy, with a batch in flight or left unfinished" in out
+    assert "unfinished: snapshot(s) 0 allocated and not recorded" in out
+    assert "no run holds the sink yet" in out
+    sink.batch(0, [1, 2])
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert code == 0 and out.splitlines()[0] == f"sink {sink.sink_id}: healthy"
+    sid, token = sink.committer().allocate()  # a killed run's staged files
+    stage_partition([], sink.opts.staging(), sid, token, 0, SCHEMA)
+    code, out, _ = run_cli(capsys, "status", sink.chk, "--json")
+    assert json.loads(out)["open_attempts"] == [sid]
 
 
 def test_status_after_retention_still_names_the_target(tmp_path, capsys):
@@ -576,3 +656,36 @@ def test_locations_delta_rs_cannot_read_are_refused_by_name():
         ).log_level
         == "WARNING"
     )
+
+
+# --- the stream's schema against an existing table ----------------------------------------
+
+
+@pytest.mark.parametrize("nullable", [True, False])
+def test_a_column_of_the_table_missing_from_the_stream(tmp_path, nullable):
+    """As Spark's Delta sink: a nullable column the stream lacks is null in its rows; a
+    NOT NULL one is refused before anything is written (issue 23 item 14)."""
+    sink = SinkDriver(tmp_path)
+    wide = pa.schema([*SCHEMA, pa.field("extra", pa.int32(), nullable=nullable)])
+    write_deltalake(
+        sink.target,
+        pa.table({"id": [-1], "v": ["old"], "extra": pa.array([7], pa.int32())}, schema=wide),
+    )
+    if not nullable:
+        with pytest.raises(ConfigError, match="'extra' of the table is NOT NULL and missing"):
+            sink.batch(0, [1, 2])
+        assert DeltaTable(sink.target).version() == 0
+        return
+    sink.batch(0, [1, 2])
+    got = DeltaTable(sink.target).to_pyarrow_table().sort_by("id").to_pylist()
+    assert got == [
+        {"id": -1, "v": "old", "extra": 7},
+        {"id": 1, "v": "v1", "extra": None},
+        {"id": 2, "v": "v2", "extra": None},
+    ]
+    assert [f.name for f in pa.schema(DeltaTable(sink.target).schema().to_arrow())] == [
+        "id",
+        "v",
+        "extra",
+    ]
+    assert admin.verify(sink.handle()).ok

@@ -271,6 +271,13 @@ def test_missing_table_is_a_source_error(tmp_path):
         DeltaSourceOptions.parse({"path": str(tmp_path / "nothing")}).spark_schema_ddl()
 
 
+def test_a_folder_that_is_not_a_delta_table_is_named_so(tmp_path):
+    (tmp_path / "data.parquet").write_bytes(b"x")
+    with pytest.raises(SourceError, match=r"path='.*' is not a Delta table \(no commits") as e:
+        DeltaSourceOptions.parse({"path": str(tmp_path)}).spark_schema_ddl()
+    assert str(e.value).index("not a Delta table") < str(e.value).index("No files in log")
+
+
 def test_snapshot_offset_of_a_cleaned_version_is_a_clear_error(tmp_path):
     t = TABLES["appends_basic"](str(tmp_path / "t"))
     r = reader(t.path)

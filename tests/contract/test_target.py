@@ -559,3 +559,20 @@ def test_a_failed_spark_write_in_the_attempt_folder_is_found_discarded_and_forgo
     target.forget(7, tok)
     assert not base.exists()
     assert (7, tok) not in target.staged_attempts()
+
+
+@pytest.mark.parametrize("where", ["proc", "under-a-file"])
+def test_an_unwritable_path_or_record_table_is_named(tmp_path, where):
+    """Not a bare OSError of a write task, nor delta-rs' TableNotFoundError inside
+    Spark's pickling (issue 23 item 13)."""
+    from pyspark_txn.state.delta_log import DeltaEventLog
+
+    (tmp_path / "a-file").write_text("x")
+    base = "/proc/pyspark-txn-test" if where == "proc" else str(tmp_path / "a-file")
+    opts = DeltaSinkOptions.parse(
+        {"path": f"{base}/t", "checkpointLocation": str(tmp_path / "c")}
+    ).with_checkpoint_sink_id()
+    with pytest.raises(ConfigError, match=r"option path='.*/t': cannot create or write"):
+        opts.target().check_stream_schema(SCHEMA, False)
+    with pytest.raises(ConfigError, match="record table at .* cannot be created"):
+        DeltaEventLog(f"{base}/records").create_if_missing()

@@ -200,6 +200,42 @@ def test_a_replayed_upsert_does_not_wait_on_its_own_earlier_attempt(pg, tmp_path
     assert sink.rows() == [(1, "one"), (2, "two")]
 
 
+def _add_primary_key(sink):
+    with sink.server.connect() as conn:
+        conn.execute(f"ALTER TABLE {sink.table} ADD PRIMARY KEY (id)")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"mode": "upsert", "keyColumns": "id"}, {}],
+    ids=["upsert", "append-into-a-primary-key"],
+)
+def test_a_task_retry_is_not_blocked_by_its_own_first_attempt(pg, tmp_path, options):
+    """Spark retries a task whose first attempt prepared and then failed (its result was
+    never taken): the retry rolls that attempt back instead of waiting on its row locks
+    for lockTimeout (issue 23 item 7)."""
+    sink = Sink(pg, tmp_path, lockTimeout="1", **options)
+    if not options:
+        _add_primary_key(sink)
+    sid, tok = sink.committer.allocate()
+    sink.stage(sid, tok, [rows_of([1, 2])], attempt=0)  # prepared, then the task failed
+    txns = sink.stage(sid, tok, [rows_of([1, 2])], attempt=1)
+    assert sink.prepared() == [t.handle for t in txns]
+    sink.committer.commit(
+        0, sid, tok, txns, run_id="r1", query_id="q", target_meta=sink.opts.target_meta()
+    )
+    assert sink.rows() == [(1, "1"), (2, "2")] and sink.prepared() == []
+
+
+def test_a_key_held_in_append_mode_does_not_suggest_key_columns(pg, tmp_path):
+    sink = Sink(pg, tmp_path, lockTimeout="1")
+    _add_primary_key(sink)
+    sid, tok = sink.committer.allocate()
+    with pytest.raises(ConfigError, match="drop duplicates of the key") as e:
+        sink.stage(sid, tok, [rows_of([1]), rows_of([1])])
+    assert "repartition the stream by keyColumns" not in str(e.value)
+
+
 def test_upsert_updates_by_key_and_the_last_row_of_a_key_wins(pg, tmp_path):
     sink = Sink(pg, tmp_path, mode="upsert", keyColumns="id")
     sink.run_batch([rows_of([1, 2, 3])])
@@ -532,6 +568,7 @@ def test_a_refused_login_and_an_unreachable_server_are_named_errors(pg, tmp_path
         bad.connect()
     assert isinstance(e.value.__cause__, psycopg.OperationalError)
     assert "PGPASSWORD" in str(e.value) and "wrong-pw" not in str(e.value)
+    assert "--password-file" in str(e.value)  # the CLI's spelling too (issue 23 item 13)
     gone = postgres_target.Connector(f"postgresql://txn:pw@127.0.0.1:{free_port()}/postgres")
     target = postgres_target.PostgresTarget(gone, schema, "t", "pg-sink")
     with pytest.raises(TargetUnavailableError, match="cannot be reached") as e:

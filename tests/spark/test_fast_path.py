@@ -616,6 +616,8 @@ def test_a_restart_with_another_path_is_refused(spark, tmp_path):
         pyspark_txn.process_available(
             df.writeStream.foreachBatch(moved).option("checkpointLocation", chk)
         )
+    # refused before phase 1: no markers or files left in the other path (issue 23 item 16)
+    assert not (tmp_path / "t2").exists() or list((tmp_path / "t2").rglob("*")) == []
 
 
 def test_a_job_group_the_callback_sets_is_not_taken_for_the_run(spark, tmp_path):

@@ -112,8 +112,8 @@ def test_storage_options_errors_name_the_format_and_option(tmp_path, raw, proble
 @pytest.mark.parametrize(
     "path, problem",
     [
-        ("dbfs:/data/orders", "cannot commit to Databricks' DBFS"),
-        ("dbfs://data/orders", "cannot commit to Databricks' DBFS"),
+        ("dbfs:/data/orders", "cannot read or write Databricks' DBFS"),
+        ("dbfs://data/orders", "cannot read or write Databricks' DBFS"),
         ("s3:bucket/orders", "looks like a URI scheme without '//'"),
     ],
 )
@@ -121,6 +121,50 @@ def test_locations_delta_rs_cannot_use_are_refused_by_name(tmp_path, path, probl
     with pytest.raises(ConfigError, match=problem):
         DeltaSinkOptions.parse({"path": path, "checkpointLocation": str(tmp_path / "c")})
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("location", ["dbfs:/data/x", "s3:bucket/x"])
+def test_every_entry_point_checks_a_location_as_the_sink_does(tmp_path, monkeypatch, location):
+    """One check for every entry point (issue 23 item 11: `snapshots export --to dbfs:/...`
+    wrote into ./dbfs:/... and exited 0)."""
+    from pyspark_txn import admin, state_export
+    from pyspark_txn.sinks.postgres import PostgresSinkOptions
+    from pyspark_txn.sources.delta import DeltaSourceOptions
+
+    monkeypatch.chdir(tmp_path)
+    url = "postgresql://u@127.0.0.1:1/db"
+    calls = [
+        lambda: DeltaSourceOptions.parse({"path": location}),
+        lambda: PostgresSinkOptions.parse(
+            {"url": url, "table": "t", "checkpointLocation": location}
+        ),
+        lambda: admin.open_sink(location),
+        lambda: state_export.export_state(None, str(tmp_path / "chk"), 0, location),
+    ]
+    for call in calls:
+        with pytest.raises(ConfigError, match="DBFS|scheme without"):
+            call()
+    assert list(tmp_path.iterdir()) == []  # nothing written, here or under ./dbfs:
+
+
+@pytest.mark.parametrize("value", ["yes", "1", "no", "0"])
+def test_a_boolean_option_is_true_or_false_as_its_message_says(tmp_path, value):
+    with pytest.raises(ConfigError, match=f"mergeSchema='{value}': expected true or false"):
+        DeltaSinkOptions.parse(
+            {
+                "path": str(tmp_path / "t"),
+                "checkpointLocation": str(tmp_path / "c"),
+                "mergeSchema": value,
+            }
+        )
+    opts = DeltaSinkOptions.parse(
+        {
+            "path": str(tmp_path / "t"),
+            "checkpointLocation": str(tmp_path / "c"),
+            "mergeSchema": " TRUE ",
+        }
+    )
+    assert opts.merge_schema is True
 
 
 def test_test_modules_have_unique_basenames():
