@@ -217,7 +217,7 @@ class DeltaBatchWriter:
     def __call__(self, df, batch_id: int) -> None:
         opts = self._given  # nothing is written to the checkpoint before it is checked
         worker_logging(opts.log_level)
-        fs_options = dict(opts.fs_options)
+        fs_options = opts.storage
         job = _spark_job(df.sparkSession, self._connect_run)
         if job.run_id is not None and (job.run_id, batch_id) == self._written:
             # Spark runs a batch once per run; a second call would be taken for a replay
@@ -331,7 +331,7 @@ class DeltaBatchWriter:
     ) -> list[TxnHandle]:
         """Run Spark's parquet write for the attempt; return the staged files' handles."""
         opts = self.opts
-        fs, root = _fs.filesystem(opts.path, dict(opts.fs_options))
+        fs, root = _fs.filesystem(opts.path, opts.storage)
         local = _fs.is_local(opts.path)
         attempt = uuid.uuid4().hex[:8]
         base = _fs.join(root, snapshot_dir(opts.sink_id, snapshot_id, token))

@@ -1,0 +1,74 @@
+"""Object-store servers on loopback for the tests: moto's S3 server behind our fault
+proxy (faultproxy.py), started once per session; a fresh bucket per test."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+
+moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (dev extra)")
+pytest.importorskip("obstore", reason="obstore is not installed (s3 extra)")
+
+from faultproxy import FaultProxy  # noqa: E402
+
+KEY = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def moto():
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield host, port
+    server.stop()
+
+
+@pytest.fixture
+def proxy(moto):
+    p = FaultProxy(*moto, seed=uuid.uuid4().int % 1000)
+    yield p
+    p.stop()
+
+
+class S3:
+    """A bucket of the moto server reached through ``proxy``; ``options``: the
+    storageOptions a user gives (delta-rs / object_store keys)."""
+
+    def __init__(self, moto, proxy: FaultProxy) -> None:
+        import boto3
+
+        self.proxy = proxy
+        self.bucket = f"b-{uuid.uuid4().hex[:12]}"
+        self.direct = f"http://{moto[0]}:{moto[1]}"
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=self.direct,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+        self.client.create_bucket(Bucket=self.bucket)
+        self.options = {**KEY, "AWS_ENDPOINT_URL": proxy.endpoint, "AWS_ALLOW_HTTP": "true"}
+
+    def uri(self, *parts: str) -> str:
+        return "/".join([f"s3://{self.bucket}", *parts])
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Every key under ``prefix``, listed directly (not through the proxy)."""
+        out: list[str] = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=prefix
+        ):
+            out += [o["Key"] for o in page.get("Contents", [])]
+        return sorted(out)
+
+    def put(self, key: str, body: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
+
+
+@pytest.fixture
+def s3(moto, proxy):
+    return S3(moto, proxy)
