@@ -54,6 +54,7 @@ from .state.core import (
 )
 from .state.core import request_export as request_export_event
 from .state_export import has_state
+from .storage import StorageOptions, takes_storage_options
 
 log = logging.getLogger(__name__)
 
@@ -78,22 +79,39 @@ def _registry(handle: admin.SinkHandle) -> Mapping[str, NamedSnapshot]:
     return handle.load().named
 
 
-def list_snapshots(location: str, sink: str | None = None) -> list[NamedSnapshot]:
+@takes_storage_options
+def list_snapshots(
+    location: str,
+    sink: str | None = None,
+    *,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
+) -> list[NamedSnapshot]:
     """Every named snapshot of the sink, oldest first."""
     handle = _open(location, sink, "snapshots list")
     return sorted(_registry(handle).values(), key=lambda n: n.snapshot_id)
 
 
+@takes_storage_options
 def list_requests(
-    location: str, sink: str | None = None, *, command: str = "snapshots list"
+    location: str,
+    sink: str | None = None,
+    *,
+    command: str = "snapshots list",
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> list[ExportRequest]:
     """Every export requested for the sink's next commit and not served yet, oldest first."""
     handle = _open(location, sink, command)
     return sorted(handle.load().export_requests.values(), key=lambda r: r.requested_seq)
 
 
+@takes_storage_options
 def show(
-    location: str, name: str, sink: str | None = None, *, command: str = "snapshots show"
+    location: str,
+    name: str,
+    sink: str | None = None,
+    *,
+    command: str = "snapshots show",
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> NamedSnapshot:
     handle = _open(location, sink, command)
     state = handle.load()
@@ -410,7 +428,7 @@ def _state_session(handle: admin.SinkHandle, state: str, spark):
     if state == "skip":
         return None
     checkpoint = handle.checkpoint
-    stateful = checkpoint is not None and has_state(checkpoint, dict(handle.storage_options))
+    stateful = checkpoint is not None and has_state(checkpoint, handle.storage)
     if not stateful:
         if state == "include":
             raise ConfigError(
@@ -580,6 +598,7 @@ def _check_destination(
     _inspect_location(fs, root, handle, uri, replace_unfinished)
 
 
+@takes_storage_options
 def check_export(
     location: str,
     name: str,
@@ -589,6 +608,7 @@ def check_export(
     sink: str | None = None,
     replace_unfinished: bool = False,
     batch: int | None = None,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> tuple[SnapshotRecord, int]:
     """Every check of :func:`export` that needs no Spark and writes nothing: the name
     is free, ``to`` is a place of its own that is new, empty or a dead export's
@@ -616,6 +636,7 @@ def _snapshot_of_batch(state: SinkState, batch: int) -> int:
     return max(ids)
 
 
+@takes_storage_options
 def export(
     location: str,
     name: str,
@@ -628,6 +649,7 @@ def export(
     spark=None,
     replace_unfinished: bool = False,
     batch: int | None = None,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> NamedSnapshot:
     """Export a committed snapshot of the sink at ``location`` under ``name`` to ``to``.
 
@@ -863,7 +885,7 @@ def _copy_and_register(
             "target_uri": handle.target_uri,
             "checkpoint": handle.checkpoint,
             "stateful": handle.checkpoint is not None
-            and has_state(handle.checkpoint, dict(handle.storage_options)),
+            and has_state(handle.checkpoint, handle.storage),
             "state_tables": state_json,
             **(details or {}),
         },
@@ -902,8 +924,15 @@ def _copy_and_register(
 # --- at the next commit, and terminal -----------------------------------------------
 
 
+@takes_storage_options
 def request_export(
-    location: str, name: str, to: str, *, sink: str | None = None, state: str = "auto"
+    location: str,
+    name: str,
+    to: str,
+    *,
+    sink: str | None = None,
+    state: str = "auto",
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> ExportRequest:
     """Ask the running query's sink to export the batch it commits next.
 
@@ -926,11 +955,7 @@ def request_export(
             "or choose another location"
         )
     checkpoint = handle.checkpoint
-    if (
-        state != "skip"
-        and checkpoint is not None
-        and has_state(checkpoint, dict(handle.storage_options))
-    ):
+    if state != "skip" and checkpoint is not None and has_state(checkpoint, handle.storage):
         raise ConfigError(
             f"the query at {checkpoint} is stateful and a requested export runs inside the "
             "sink, where no SparkSession can read its state: use stop_and_export (or export "
@@ -948,8 +973,14 @@ def request_export(
     return after.export_requests[name]
 
 
+@takes_storage_options
 def cancel_request(
-    location: str, name: str, *, sink: str | None = None, reason: str | None = None
+    location: str,
+    name: str,
+    *,
+    sink: str | None = None,
+    reason: str | None = None,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> ExportRequest:
     """Withdraw a pending :func:`request_export` (an ``export_failed`` event saying it was
     cancelled, written safely). Refused once the export ran: delete the snapshot then."""
@@ -1009,6 +1040,7 @@ def serve_export_requests(
             handle.record_store().update(handle.sink_id, fold_sink, failed)
 
 
+@takes_storage_options
 def wait_for_export(
     location: str,
     name: str,
@@ -1017,6 +1049,7 @@ def wait_for_export(
     timeout: float | None = None,
     query=None,
     poll_s: float = 0.5,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> NamedSnapshot:
     """Wait until a requested export is registered; raise if it failed, the query
     stopped first, or ``timeout`` seconds passed."""
@@ -1057,6 +1090,7 @@ def query_checkpoint(query) -> str:
         ) from e
 
 
+@takes_storage_options
 def stop_and_export(
     query,
     name: str,
@@ -1068,6 +1102,7 @@ def stop_and_export(
     spark=None,
     progress: Progress | None = None,
     replace_unfinished: bool = False,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> NamedSnapshot:
     """A terminal snapshot: stop ``query``, settle its sink, export its last committed batch.
 
@@ -1108,7 +1143,7 @@ def _spark_committed(handle: admin.SinkHandle, state: SinkState, session) -> int
     """
     if session is None or handle.checkpoint is None:
         return None
-    done = latest_batch(handle.checkpoint, "commits", dict(handle.storage_options) or None)
+    done = latest_batch(handle.checkpoint, "commits", handle.storage)
     kept = [r for r in state.records.values() if done is not None and r.batch_id <= done]
     return max(kept, key=lambda r: r.snapshot_id).snapshot_id if kept else None
 
@@ -1143,8 +1178,14 @@ class ExportCheck:
         }
 
 
+@takes_storage_options
 def verify(
-    location: str, name: str, sink: str | None = None, progress: Progress | None = None
+    location: str,
+    name: str,
+    sink: str | None = None,
+    progress: Progress | None = None,
+    *,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> ExportCheck:
     """Re-read the export and compare it with the registry entry: the data table's
     files with the same sizes and CRC32s and the same row count in their footers,
@@ -1308,7 +1349,14 @@ def _check_state_tables(entry: NamedSnapshot) -> list[str]:
     return problems
 
 
-def delete(location: str, name: str, sink: str | None = None) -> NamedSnapshot:
+@takes_storage_options
+def delete(
+    location: str,
+    name: str,
+    sink: str | None = None,
+    *,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
+) -> NamedSnapshot:
     """Unregister ``name`` (a safe event), then remove its export folder."""
     handle = _open(location, sink, "snapshots delete")
     entry = show(location, name, sink)
@@ -1358,7 +1406,14 @@ class PreparedQuery:
     rows: int
 
 
-def source_offsets(location: str, name: str, sink: str | None = None) -> list[str | None]:
+@takes_storage_options
+def source_offsets(
+    location: str,
+    name: str,
+    sink: str | None = None,
+    *,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
+) -> list[str | None]:
     """Spark's offset of every source of the snapshot's batch, as JSON (None: no offset).
 
     For Kafka the string is the source's ``startingOffsets`` JSON; for ``rate`` or
@@ -1372,7 +1427,15 @@ def source_offsets(location: str, name: str, sink: str | None = None) -> list[st
     ]
 
 
-def kafka_starting_offsets(location: str, name: str, source: int = 0, sink: str | None = None):
+@takes_storage_options
+def kafka_starting_offsets(
+    location: str,
+    name: str,
+    source: int = 0,
+    sink: str | None = None,
+    *,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
+):
     """The ``startingOffsets`` option that makes a Kafka source begin right after the
     snapshot's batch: ``{"topic": {"partition": offset}}``, as Spark logged it."""
     offsets = source_offsets(location, name, sink)
@@ -1422,6 +1485,7 @@ def _is_file_source_offset(offset: Any) -> bool:
     return isinstance(offset, dict) and set(offset) == {"logOffset"}
 
 
+@takes_storage_options
 def prepare_query(
     location: str,
     name: str,
@@ -1430,6 +1494,7 @@ def prepare_query(
     *,
     sink: str | None = None,
     progress: Progress | None = None,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> PreparedQuery:
     """Make a new query start exactly at a named snapshot.
 

@@ -18,12 +18,16 @@ listing and instance caches off. Local paths keep fsspec's local filesystem (fsy
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import functools
 import json
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from . import _fs
 from .errors import ConfigError
@@ -402,13 +406,96 @@ def _obstore_fs(
     return fs, root
 
 
+# The storage configuration of the operation in progress: the CLI's --storage-options
+# and the storage_options= of the Python APIs, for every nested read or write that is
+# not given one explicitly (the operations reach many helpers; none should be missed).
+_CURRENT: ContextVar[StorageOptions | None] = ContextVar("pyspark_txn_storage", default=None)
+
+
+def current() -> StorageOptions:
+    """The storage configuration in effect (empty: the environment's credentials)."""
+    return _CURRENT.get() or StorageOptions()
+
+
+@contextlib.contextmanager
+def using(options: StorageOptions | Mapping[str, Any] | str | None) -> Iterator[StorageOptions]:
+    """Make ``options`` (None: the one in effect) the configuration of the IO inside."""
+    parsed = current() if options is None else StorageOptions.coerce(options)
+    token = _CURRENT.set(parsed)
+    try:
+        yield parsed
+    finally:
+        _CURRENT.reset(token)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def takes_storage_options(func: F) -> F:
+    """Run ``func`` with its keyword argument ``storage_options`` (JSON text, a mapping of
+    delta-rs keys, or StorageOptions) in effect for every store it touches."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with using(kwargs.get("storage_options")):
+            return func(*args, **kwargs)
+
+    return cast(F, wrapper)
+
+
 def filesystem(
     uri: str, storage: StorageOptions | Mapping[str, Any] | None = None
 ) -> tuple[Any, str]:
     """An fsspec filesystem for ``uri`` and the path inside it. ``storage``: the
-    StorageOptions, or a mapping of ``fs.*`` overrides (older call sites)."""
+    StorageOptions (None: the one in effect, :func:`current`), or a mapping of ``fs.*``
+    overrides (older call sites)."""
+    if not storage:
+        return current().filesystem(uri)
     if isinstance(storage, StorageOptions):
         return storage.filesystem(uri)
     return StorageOptions(
-        fs_overrides=tuple(sorted((k, _typed_fs_value(v)) for k, v in (storage or {}).items()))
+        fs_overrides=tuple(sorted((k, _typed_fs_value(v)) for k, v in storage.items()))
     ).filesystem(uri)
+
+
+_HINTS = (
+    (
+        (
+            "credential",
+            "metadata",
+            "unauthenticated",
+            "no valid",
+            "invalidaccesskeyid",
+            "signature",
+        ),
+        "no usable credentials: give them in storageOptions / --storage-options "
+        "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AZURE_STORAGE_ACCOUNT_KEY, "
+        "GOOGLE_SERVICE_ACCOUNT ...) or in the environment",
+    ),
+    (
+        ("403", "forbidden", "accessdenied", "access denied", "permission"),
+        "the store denied the request: check the credentials' permissions on this location",
+    ),
+    (
+        ("connect", "connection refused", "dns", "error sending request", "timed out", "timeout"),
+        "the store cannot be reached: check the endpoint (AWS_ENDPOINT_URL, "
+        "AZURE_STORAGE_ENDPOINT ...) and the network",
+    ),
+)
+
+
+def describe_store_error(error: BaseException) -> str | None:
+    """One line for an object-store failure (missing credentials, an unreachable endpoint,
+    a denied request), or None if ``error`` is not one. For the CLI: no tracebacks."""
+    module = type(error).__module__.split(".")[0]
+    if not (
+        isinstance(error, OSError) or module in ("obstore", "deltalake", "botocore", "aiohttp")
+    ):
+        return None
+    text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(error)).replace("↳", "-").split())
+    low = text.lower()
+    detail = text if len(text) <= 300 else text[:297] + "..."
+    for needles, hint in _HINTS:
+        if any(n in low for n in needles):
+            return f"{hint} ({type(error).__name__}: {detail})"
+    return f"the store failed: {type(error).__name__}: {detail}"

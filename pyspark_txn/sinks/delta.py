@@ -28,7 +28,7 @@ from ..checkpoint import (
 from ..errors import ConfigError
 from ..faults import FaultPlan
 from ..state import DEFAULT_RETAIN_SNAPSHOTS, DeltaEventLog, RecordStore, TxnHandle, new_token
-from ..storage import StorageOptions
+from ..storage import StorageOptions, using
 from ._spark import (
     TxnCommitMessage,
     WriterBase,
@@ -349,10 +349,12 @@ class DeltaSinkOptions:
             sink_id=self.sink_id,
             target_uri=self.path,
             storage_options=dict(self.storage_options),
+            fs_overrides=self.storage.fs_overrides,
             partition_by=self.partition_by,
             checkpoint=self.checkpoint_location,
         )
-        snapshots.serve_export_requests(handle, state, record, version)
+        with using(self.storage):  # every store the export touches
+            snapshots.serve_export_requests(handle, state, record, version)
 
     def light_committer(self) -> LightCommitter:
         return LightCommitter(self.target(), self.sink_id, self.faults)
