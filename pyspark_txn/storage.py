@@ -463,6 +463,7 @@ _HINTS = (
         (
             "credential",
             "metadata",
+            "169.254.169.254",
             "unauthenticated",
             "no valid",
             "invalidaccesskeyid",
