@@ -13,7 +13,11 @@ pytest.importorskip("obstore", reason="obstore is not installed (s3 extra)")
 
 from faultproxy import FaultProxy  # noqa: E402
 
-KEY = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+KEY = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_REGION": "us-east-1",
+}
 
 
 @pytest.fixture(scope="session")

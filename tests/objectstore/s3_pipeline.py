@@ -58,7 +58,9 @@ class S3Pipeline(StreamPipeline):
         live = {u.split(f"{self.s3.bucket}/target/", 1)[1] for u in self.dt().file_uris()}
         keys = [k.split("target/", 1)[1] for k in self.s3.keys("target/")]
         data = {k for k in keys if not k.startswith(("_delta_log/", STAGING_ROOT + "/"))}
-        assert data == live, f"orphan objects: {sorted(data - live)}; missing: {sorted(live - data)}"
+        assert data == live, (
+            f"orphan objects: {sorted(data - live)}; missing: {sorted(live - data)}"
+        )
         staged = [
             k for k in keys if k.startswith(STAGING_ROOT + "/") and not k.endswith(MARKER_SUFFIX)
         ]
