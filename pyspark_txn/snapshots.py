@@ -54,7 +54,7 @@ from .state.core import (
 )
 from .state.core import request_export as request_export_event
 from .state_export import has_state
-from .storage import StorageOptions, takes_storage_options
+from .storage import StorageOptions, current, takes_storage_options
 
 log = logging.getLogger(__name__)
 
@@ -1202,7 +1202,11 @@ def verify(
     try:
         import pyarrow as pa
 
-        adds = pa.table(DeltaTable(data_uri).get_add_actions(flatten=False)).to_pylist()
+        adds = pa.table(
+            DeltaTable(data_uri, storage_options=current().for_delta()).get_add_actions(
+                flatten=False
+            )
+        ).to_pylist()
     except Exception as e:
         problems = [f"{data_uri}: unreadable: {e}"]
         problems += _check_manifest(entry, sink_id)
@@ -1249,7 +1253,7 @@ def _check_manifest(entry: NamedSnapshot, sink_id: str) -> list[str]:
 
     uri = _fs.join(entry.location, "manifest")
     try:
-        rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
+        rows = DeltaTable(uri, storage_options=current().for_delta()).to_pyarrow_table().to_pylist()
     except Exception as e:
         return [f"{uri}: unreadable manifest: {e}"]
     d = entry.details
@@ -1301,7 +1305,13 @@ def _check_files(uri: str, label: str, files: list[list[Any]]) -> list[str]:
     from deltalake import DeltaTable
 
     try:
-        listed = set(pa.table(DeltaTable(uri).get_add_actions(flatten=False)).column("path"))
+        listed = set(
+            pa.table(
+                DeltaTable(uri, storage_options=current().for_delta()).get_add_actions(
+                    flatten=False
+                )
+            ).column("path")
+        )
         listed = {str(p) for p in listed}
     except Exception as e:
         return [f"{label}: unreadable table: {e}"]
@@ -1340,7 +1350,11 @@ def _check_state_tables(entry: NamedSnapshot) -> list[str]:
         if table.get("files") is not None:
             problems.extend(_check_files(uri, table["path"], table["files"]))
         try:  # counting reads every file's footer: a missing or truncated file fails here
-            rows = DeltaTable(uri).to_pyarrow_dataset().count_rows()
+            rows = (
+                DeltaTable(uri, storage_options=current().for_delta())
+                .to_pyarrow_dataset()
+                .count_rows()
+            )
         except Exception as e:
             problems.append(f"{table['path']}: unreadable state table: {e}")
             continue

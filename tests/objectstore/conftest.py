@@ -11,6 +11,7 @@ import pytest
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (dev extra)")
 pytest.importorskip("obstore", reason="obstore is not installed (s3 extra)")
 
+from azurite import DEV_ACCOUNT, DEV_KEY, Azurite, azurite_binary  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 
 KEY = {
@@ -76,3 +77,49 @@ class S3:
 @pytest.fixture
 def s3(moto, proxy):
     return S3(moto, proxy)
+
+
+class AzureContainer:
+    """A fresh container of the Azurite server: the same face as :class:`S3`."""
+
+    def __init__(self, server) -> None:
+        from azure.storage.blob import BlobServiceClient
+
+        self.server = server
+        self.container = f"c{uuid.uuid4().hex[:12]}"
+        server.create_container(self.container)
+        self.options = dict(server.options)
+        conn = (
+            f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};AccountKey={DEV_KEY};"
+            f"BlobEndpoint={server.endpoint};"
+        )
+        self.client = BlobServiceClient.from_connection_string(conn).get_container_client(
+            self.container
+        )
+
+    def uri(self, *parts: str) -> str:
+        return "/".join([f"az://{self.container}", *parts])
+
+    def keys(self, prefix: str = "") -> list[str]:
+        return sorted(self.client.list_blob_names(name_starts_with=prefix))
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory):
+    binary = azurite_binary()
+    if binary is None:
+        pytest.skip(
+            "Azurite >= 3.37 is not installed: scripts/setup.sh --servers installs it "
+            "(npm install azurite@3.37.0 into ~/.cache/pyspark-txn-servers/azurite)"
+        )
+    pytest.importorskip(
+        "azure.storage.blob", reason="azure-storage-blob (dev extra) creates containers"
+    )
+    server = Azurite(binary, tmp_path_factory.mktemp("azurite"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def azure(azurite):
+    return AzureContainer(azurite)

@@ -1,5 +1,6 @@
-"""txn-sequence -> txn-delta pipelines whose target and record table live on S3 (moto),
-with Spark's checkpoint on local disk (Spark has no S3A here), and their checks."""
+"""txn-sequence -> txn-delta pipelines whose target and record table live on an object
+store (moto's S3, Azurite), with Spark's checkpoint on local disk (Spark has no S3A or
+ABFS here), and their checks. ``s3``: the store (``uri``, ``options``, ``keys``)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class S3Pipeline(StreamPipeline):
     def assert_no_orphans(self) -> None:
         """Every object under the target is the log's, a live data file or an empty
         attempt's marker (kept until retention forgets the snapshot, as on local disk)."""
-        live = {u.split(f"{self.s3.bucket}/target/", 1)[1] for u in self.dt().file_uris()}
+        live = {u.split("/target/", 1)[1] for u in self.dt().file_uris()}
         keys = [k.split("target/", 1)[1] for k in self.s3.keys("target/")]
         data = {k for k in keys if not k.startswith(("_delta_log/", STAGING_ROOT + "/"))}
         assert data == live, (

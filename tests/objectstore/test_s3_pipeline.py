@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from deltalake import DeltaTable
@@ -11,7 +13,6 @@ from s3_pipeline import S3Pipeline
 from support import run_cli_process
 
 import pyspark_txn
-from pyspark_txn import snapshots
 from pyspark_txn.errors import ConfigError
 
 AWS_ENV = [k for k in os.environ if k.startswith("AWS_")]
@@ -76,7 +77,17 @@ def test_faults_cli_source_and_export_on_s3(spark, tmp_path, s3):
     assert rc == 0, (out, err)
     exported = DeltaTable(export_to + "/data", storage_options=s3.options).to_pyarrow_table()
     assert exported.num_rows == 500
-    assert snapshots.verify(p.records, "first", storage_options=s3.options).ok
+    # the Python API, in a process of its own: DeltaTable.is_deltatable holds the GIL
+    # while it waits, and this process serves the S3 requests (moto and the proxy)
+    check = (
+        "import json, sys; from pyspark_txn import snapshots; "
+        "r = snapshots.verify(sys.argv[1], 'first', storage_options=json.loads(sys.argv[2])); "
+        "print(json.dumps(r.to_json())); sys.exit(0 if r.ok else 1)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", check, p.records, options], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
 
     rows = spark.read.format("txn-delta").option("storageOptions", options).load(p.target).count()
     assert rows == 500
@@ -147,3 +158,46 @@ def test_fast_path_on_s3_is_refused_before_the_first_batch_writes(spark, tmp_pat
     with pytest.raises(Exception, match="hadoop-aws"):
         pyspark_txn.process_available(q)
     assert s3.keys("fast/") == []
+
+
+def test_fast_path_commit_side_on_s3(spark, tmp_path, s3, monkeypatch):
+    """The fast path after Spark's write, on S3: Spark's S3A cannot run here, so Spark's
+    files are placed where S3A would put them (the s3a:// URI the writer hands Spark,
+    part-NNNNN-<uuid>-c000.snappy.parquet), and the rest runs for real: listing, markers,
+    moves into the table, footers, the record and the Delta commit, over 3 batches."""
+    import uuid
+
+    import pyarrow.parquet as pq
+
+    from pyspark_txn.sinks import fast
+    from pyspark_txn.storage import StorageOptions
+
+    # PySpark's Hadoop has no S3AFileSystem (the refusal is tested above)
+    monkeypatch.setattr(fast, "_check_hadoop_filesystem", lambda *a, **k: None)
+    storage = StorageOptions.parse(json.dumps(s3.options))
+    handed: list[str] = []
+
+    class PlacedBySpark(fast.DeltaBatchWriter):
+        def _spark_write(self, df, spark_dir, tagged):
+            handed.append(spark_dir)
+            fs, root = storage.filesystem(spark_dir.replace("s3a://", "s3://", 1))
+            table = df.toArrow()
+            half = table.num_rows // 2
+            for n, part in enumerate((table.slice(0, half), table.slice(half))):
+                with fs.open(f"{root}/part-{n:05d}-{uuid.uuid4()}-c000.snappy.parquet", "wb") as f:
+                    pq.write_table(part, f)
+
+    p = S3Pipeline(spark, tmp_path, s3, total=300, per_batch=100)
+    writer = fast.delta_batch_writer(
+        path=p.target,
+        checkpoint=p.checkpoint,
+        recordTable=p.records,
+        storageOptions=json.dumps(s3.options),
+    )
+    writer.__class__ = PlacedBySpark
+    q = p.source().writeStream.foreachBatch(writer).option("checkpointLocation", p.checkpoint)
+    pyspark_txn.process_available(q)
+    assert handed and all(u.startswith(f"s3a://{s3.bucket}/target/") for u in handed), handed
+    p.assert_exactly_once()
+    p.assert_no_orphans()
+    p.assert_records_consistent()
