@@ -4,6 +4,10 @@ proxy (faultproxy.py), started once per session; a fresh bucket per test."""
 from __future__ import annotations
 
 import logging
+import socket
+import subprocess
+import sys
+import time
 import uuid
 
 import pytest
@@ -39,10 +43,10 @@ def proxy(moto):
 
 
 class S3:
-    """A bucket of the moto server reached through ``proxy``; ``options``: the
-    storageOptions a user gives (delta-rs / object_store keys)."""
+    """A bucket of the moto server reached through ``proxy`` (or directly); ``options``:
+    the storageOptions a user gives (delta-rs / object_store keys)."""
 
-    def __init__(self, moto, proxy: FaultProxy) -> None:
+    def __init__(self, moto, proxy: FaultProxy | None) -> None:
         import boto3
 
         self.proxy = proxy
@@ -56,7 +60,8 @@ class S3:
             region_name="us-east-1",
         )
         self.client.create_bucket(Bucket=self.bucket)
-        self.options = {**KEY, "AWS_ENDPOINT_URL": proxy.endpoint, "AWS_ALLOW_HTTP": "true"}
+        endpoint = proxy.endpoint if proxy is not None else self.direct
+        self.options = {**KEY, "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true"}
 
     def uri(self, *parts: str) -> str:
         return "/".join([f"s3://{self.bucket}", *parts])
@@ -123,3 +128,38 @@ def azurite(tmp_path_factory):
 @pytest.fixture
 def azure(azurite):
     return AzureContainer(azurite)
+
+
+@pytest.fixture(scope="session")
+def moto_apart(tmp_path_factory):
+    """moto's S3 server in a process of its own: for code that runs in the test's own
+    process (the fast path's foreachBatch), since delta-rs' Python file handler holds the
+    GIL while it waits for a response, which an in-process server could then never send."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("moto.server did not start") from None
+            time.sleep(0.1)
+    yield "127.0.0.1", port
+    proc.terminate()
+    proc.wait(10)
+    log.close()
+
+
+@pytest.fixture
+def s3_apart(moto_apart):
+    return S3(moto_apart, None)

@@ -89,8 +89,17 @@ def test_faults_cli_source_and_export_on_s3(spark, tmp_path, s3):
     )
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
 
-    rows = spark.read.format("txn-delta").option("storageOptions", options).load(p.target).count()
-    assert rows == 500
+    copy = str(tmp_path / "copy")
+    pyspark_txn.process_available(
+        spark.readStream.format("txn-delta")
+        .option("storageOptions", options)
+        .load(p.target)
+        .writeStream.format("txn-delta")
+        .option("path", copy)
+        .option("checkpointLocation", str(tmp_path / "chk-copy"))
+    )
+    ids = DeltaTable(copy).to_pyarrow_table().column("id").to_pylist()
+    assert sorted(ids) == list(range(500))
 
 
 def test_cli_without_credentials_or_endpoint_is_one_line_and_exit_2(s3):
@@ -160,11 +169,13 @@ def test_fast_path_on_s3_is_refused_before_the_first_batch_writes(spark, tmp_pat
     assert s3.keys("fast/") == []
 
 
-def test_fast_path_commit_side_on_s3(spark, tmp_path, s3, monkeypatch):
+def test_fast_path_commit_side_on_s3(spark, tmp_path, s3_apart, monkeypatch):
     """The fast path after Spark's write, on S3: Spark's S3A cannot run here, so Spark's
     files are placed where S3A would put them (the s3a:// URI the writer hands Spark,
     part-NNNNN-<uuid>-c000.snappy.parquet), and the rest runs for real: listing, markers,
-    moves into the table, footers, the record and the Delta commit, over 3 batches."""
+    moves into the table, footers, the record and the Delta commit, over 3 batches.
+    foreachBatch runs in this process: the S3 server runs in another (s3_apart)."""
+    s3 = s3_apart
     import uuid
 
     import pyarrow.parquet as pq
