@@ -212,3 +212,25 @@ def test_fast_path_commit_side_on_s3(spark, tmp_path, s3_apart, monkeypatch):
     p.assert_exactly_once()
     p.assert_no_orphans()
     p.assert_records_consistent()
+
+
+@pytest.mark.slow
+def test_outage_and_slow_responses_on_s3_are_exactly_once(spark, tmp_path, s3):
+    """A 30 s outage mid-run and responses held longer than the client's timeout (30 s):
+    the stores' retries ride them out, and the result is still exactly once."""
+    import threading
+
+    s3.proxy.delay_rate = 0.005
+    s3.proxy.delay_s = 35.0
+    timer = threading.Timer(15.0, s3.proxy.outage, args=(30.0,))
+    timer.start()
+    try:
+        p = S3Pipeline(spark, tmp_path, s3, total=800, per_batch=100)
+        assert p.run() is None
+    finally:
+        timer.cancel()
+        s3.proxy.calm()
+    assert s3.proxy.faults["outage"] > 0, s3.proxy.faults
+    p.assert_exactly_once()
+    p.assert_no_orphans()
+    p.assert_records_consistent()
