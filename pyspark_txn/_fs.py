@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 _LOCAL_PREFIXES = ("file://", "file:")
@@ -36,11 +35,13 @@ def join(uri: str, *parts: str) -> str:
     return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
 
 
-def filesystem(uri: str, fs_options: Mapping[str, Any] | None = None):
-    """An fsspec filesystem for ``uri`` and the path inside it."""
-    import fsspec
+def filesystem(uri: str, storage: Any = None):
+    """An fsspec filesystem for ``uri`` and the path inside it: ``storage`` is a
+    :class:`pyspark_txn.storage.StorageOptions` (or a mapping of ``fs.*`` overrides);
+    see that module for why no cached listing is ever used."""
+    from .storage import filesystem as _filesystem
 
-    return fsspec.core.url_to_fs(uri, **dict(fs_options or {}))
+    return _filesystem(uri, storage)
 
 
 def fsync_dir(path: str) -> None:

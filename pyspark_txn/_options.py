@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -41,32 +40,16 @@ def check_location(option: str, value: str) -> None:
         )
 
 
-STORAGE_OPTIONS_EXAMPLE = '{"AWS_REGION": "eu-west-1"}'
-
-
 def parse_storage_options(raw: str | None, where: str, option: str) -> tuple[tuple[str, str], ...]:
-    """A JSON object of string values (delta-rs storage options), sorted: ``()`` when unset.
+    """A JSON object of delta-rs / object_store storage options, validated and typed by
+    :class:`pyspark_txn.storage.StorageOptions`, sorted: ``()`` when unset.
 
     ``where`` names the format (``"txn-delta sink"``) and ``option`` the option as the
     user spells it, so the error says exactly what to fix.
     """
-    if not raw:
-        return ()
-    try:
-        parsed = json.loads(raw)
-    except ValueError as e:
-        raise ConfigError(
-            f"{where}: option {option} is not valid JSON ({e}); expected a JSON object of "
-            f"strings, e.g. {STORAGE_OPTIONS_EXAMPLE}"
-        ) from None
-    if not isinstance(parsed, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in parsed.items()
-    ):
-        raise ConfigError(
-            f"{where}: option {option} must be a JSON object of string values, e.g. "
-            f"{STORAGE_OPTIONS_EXAMPLE}; got {raw!r}"
-        )
-    return tuple(sorted(parsed.items()))
+    from .storage import StorageOptions
+
+    return StorageOptions.parse(raw, where, option).items
 
 
 #: Options a format accepts but never lists to users (crash plans of the tests).

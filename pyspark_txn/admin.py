@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote
 
-from . import _fs
+from . import _fs, storage
 from ._options import check_location
 from .checkpoint import RECORDS_DIR, read_sink_file
 from .errors import ConfigError, TxnError
@@ -57,7 +57,7 @@ def _is_record_table(uri: str, storage_options: Mapping[str, str] | None) -> boo
     """Whether ``uri`` is a record table; a Delta table of another kind is an error."""
     from deltalake import DeltaTable
 
-    options = dict(storage_options or {}) or None
+    options = dict(storage_options or {}) or storage.current().for_delta()
     if not DeltaTable.is_deltatable(uri, options):
         return False
     names = set(DeltaTable(uri, storage_options=options).schema().to_arrow().names)
@@ -182,12 +182,20 @@ class SinkHandle:
     sink_id: str
     target_uri: str | None  # Delta; None: not a Delta target, or unknown yet
     storage_options: Mapping[str, str] = field(default_factory=dict, hash=False)
+    fs_overrides: tuple[tuple[str, Any], ...] = field(default=(), hash=False)
     partition_by: tuple[str, ...] = ()
     checkpoint: str | None = None
     kind: str | None = None
     target_meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
     url: str | None = field(default=None, repr=False)
     password_file: str | None = None
+
+    @property
+    def storage(self) -> storage.StorageOptions:
+        """The sink's storage configuration (``storage_options`` and ``fs.*`` overrides)."""
+        return storage.StorageOptions(
+            items=tuple(sorted(self.storage_options.items())), fs_overrides=self.fs_overrides
+        )
 
     @property
     def has_target(self) -> bool:
@@ -244,7 +252,7 @@ class SinkHandle:
             self.target_uri,
             self.sink_id,
             partition_by=self.partition_by,
-            storage_options=dict(self.storage_options),
+            storage=self.storage,
         )
 
     def _postgres_target(self):
@@ -273,7 +281,7 @@ class SinkHandle:
 def open_sink(
     location: str,
     sink_id: str | None = None,
-    storage_options: Mapping[str, str] | None = None,
+    storage_options: storage.StorageOptions | Mapping[str, Any] | str | None = None,
     *,
     target_uri: str | None = None,
     url: str | None = None,
@@ -288,10 +296,30 @@ def open_sink(
     ``sink.json``, for targets other than Delta). ``target_uri`` overrides a Delta
     table; ``url`` the database of a PostgreSQL one, whose password comes from
     ``password_file``, the URL, or libpq (``PGPASSWORD``, ``~/.pgpass``).
+    ``storage_options``: the object-store keys of ``storageOptions`` (JSON text, a
+    mapping or :class:`~pyspark_txn.storage.StorageOptions`; default: the ones in effect,
+    e.g. the CLI's ``--storage-options``), for the record table, target and checkpoint.
     """
-    storage = dict(storage_options or {})
-    record_table, checkpoint = find_record_table(location, storage)
-    store = RecordStore(DeltaEventLog(record_table, storage))
+    parsed = (
+        storage.current()
+        if storage_options is None
+        else storage.StorageOptions.coerce(storage_options)
+    )
+    with storage.using(parsed):
+        return _open_sink(location, sink_id, parsed, target_uri, url, password_file)
+
+
+def _open_sink(
+    location: str,
+    sink_id: str | None,
+    parsed: storage.StorageOptions,
+    target_uri: str | None,
+    url: str | None,
+    password_file: str | None,
+) -> SinkHandle:
+    options = dict(parsed.items)
+    record_table, checkpoint = find_record_table(location, options)
+    store = RecordStore(DeltaEventLog(record_table, options))
     sinks = sink_streams(store)
     chosen = sink_id or (kept_sink_id(checkpoint) if checkpoint else None)
     if chosen is None:
@@ -329,7 +357,8 @@ def open_sink(
         record_table=record_table,
         sink_id=chosen,
         target_uri=_fs.normalize_uri(uri) if uri else None,
-        storage_options=storage,
+        storage_options=options,
+        fs_overrides=parsed.fs_overrides,
         partition_by=tuple(meta.get("partition_by") or ()),
         checkpoint=checkpoint,
         kind=kind,
@@ -965,7 +994,7 @@ def verify(handle: SinkHandle, progress: Progress | None = None) -> VerifyReport
         with opened_target(handle) as target:
             return _verify_postgres(handle, state, records, target)
     assert handle.target_uri is not None
-    fs, root = _fs.filesystem(handle.target_uri)
+    fs, root = _fs.filesystem(handle.target_uri, handle.storage)
     target = handle.target()
     committed = dict(state.committed)
     for rec in pending_phase2(state):  # the last record: the next one would confirm it

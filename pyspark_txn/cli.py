@@ -13,14 +13,14 @@ import shutil
 import sys
 from typing import NoReturn
 
-from . import admin
+from . import admin, storage
 from .errors import ConfigError, TxnError
 
 
 def _print_records(record_table: str, sink: str | None = None) -> None:
     from .state import DeltaEventLog, RecordStore
 
-    store = RecordStore(DeltaEventLog(record_table))
+    store = RecordStore(DeltaEventLog(record_table, storage.current().for_delta()))
     for sink_id in [sink] if sink else admin.sink_streams(store):
         events = store.events(sink_id)
         state = store.load_sink(sink_id)
@@ -371,7 +371,7 @@ def _state_spark(args: argparse.Namespace):
     if args.state == "skip":
         return None
     handle = admin.open_sink(args.location, args.sink)
-    if handle.checkpoint is None or not has_state(handle.checkpoint, dict(handle.storage_options)):
+    if handle.checkpoint is None or not has_state(handle.checkpoint, handle.storage):
         return None
     from .session import local_session
 
@@ -690,8 +690,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
 LOCATION_HELP = "checkpoint location, or record table URI"
 
 
+def _storage_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--storage-options",
+        metavar="JSON|@FILE",
+        help="object-store options for every store the command reads or writes, as the "
+        'sink\'s storageOptions: a JSON object (e.g. \'{"AWS_REGION": "eu-west-1"}\') or '
+        "@file holding one (default: credentials from the environment); "
+        "see docs/object-stores.md",
+    )
+
+
+def _read_storage_options(raw: str | None) -> storage.StorageOptions:
+    """--storage-options, parsed before anything is touched (@file: the file's text)."""
+    if raw is None:
+        return storage.StorageOptions()
+    if raw.startswith("@"):
+        try:
+            with open(raw[1:], encoding="utf-8") as f:
+                raw = f.read()
+        except OSError as e:
+            raise ConfigError(f"--storage-options {raw}: cannot read the file: {e}") from None
+    return storage.StorageOptions.parse(raw, "command line", "--storage-options")
+
+
 def _sink_arguments(p: argparse.ArgumentParser, *, name: bool = False, as_json: bool = True):
-    """The arguments every sink command takes: where, which sink (and name), --json."""
+    """The arguments every sink command takes: where, which sink (and name), --json,
+    --storage-options."""
+    _storage_argument(p)
     p.add_argument("location", help=LOCATION_HELP)
     if name:
         p.add_argument("name")
@@ -742,6 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("records", help="show a sink's execution record and record events")
     p.add_argument("location", help=LOCATION_HELP)
     p.add_argument("--sink", help="only this sink id")
+    _storage_argument(p)
     p.set_defaults(func=cmd_records)
     p = sub.add_parser(
         "status",
@@ -774,6 +801,7 @@ def main(argv: list[str] | None = None) -> int:
         epilog="exit status: 0 exported, 2 error",
     )
     p.add_argument("location", help=LOCATION_HELP)
+    _storage_argument(p)
     p.add_argument("name", help="letters, digits, '-', '_', '.'; unique per sink")
     p.add_argument("--to", required=True, help="a new or empty directory (URI)")
     p.add_argument("--snapshot", type=int, help="the sink's snapshot id (default: latest)")
@@ -883,6 +911,7 @@ def main(argv: list[str] | None = None) -> int:
         "2 refused or error (also: no terminal to confirm on and no --yes)",
     )
     p.add_argument("location", help=LOCATION_HELP)
+    _storage_argument(p)
     p.add_argument("--snapshot", type=int, required=True, help="the snapshot id to abandon")
     p.add_argument("--sink", help=SINK_HELP)
     p.add_argument(
@@ -911,8 +940,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    _quiet_store_clients(args.verbose)
     try:
-        return args.func(args)
+        with storage.using(_read_storage_options(getattr(args, "storage_options", None))):
+            return args.func(args)
     except TxnError as e:
         print(f"pyspark-txn: error: {e}", file=sys.stderr)
         if getattr(args, "json", False):  # scripts still get a document to parse
@@ -921,11 +952,16 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `pyspark-txn records ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except OSError as e:  # a location that cannot be read or written: named, no traceback
-        message = f"{type(e).__name__}: {e}"
-        print(f"pyspark-txn: error: {message}", file=sys.stderr)
+    except Exception as e:  # a store or a location that cannot be read or written: one line
+        problem = storage.describe_store_error(e)
+        kind = "StorageError"
+        if problem is None and isinstance(e, OSError):
+            problem, kind = f"{type(e).__name__}: {e}", type(e).__name__
+        if problem is None:
+            raise
+        print(f"pyspark-txn: error: {problem}", file=sys.stderr)
         if getattr(args, "json", False):
-            print(json.dumps({"error": message, "type": type(e).__name__}))
+            print(json.dumps({"error": problem, "type": kind}))
         return 2
 
 
@@ -959,6 +995,16 @@ def run() -> NoReturn:
         except (OSError, ValueError):  # a closed pipe: nothing more can be written
             pass
     os._exit(code)
+
+
+def _quiet_store_clients(verbose: bool) -> None:
+    """No warning floods from the object-store clients (instance-metadata retries when
+    credentials are missing): their failure comes back as one error line instead."""
+    if verbose:
+        return
+    for name in ("botocore", "aiobotocore", "s3fs", "adlfs", "gcsfs", "urllib3", "azure"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    os.environ.setdefault("RUST_LOG", "error")
 
 
 if __name__ == "__main__":

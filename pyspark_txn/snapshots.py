@@ -55,6 +55,7 @@ from .state.core import (
 )
 from .state.core import request_export as request_export_event
 from .state_export import has_state
+from .storage import StorageOptions, current, takes_storage_options
 
 log = logging.getLogger(__name__)
 
@@ -79,22 +80,39 @@ def _registry(handle: admin.SinkHandle) -> Mapping[str, NamedSnapshot]:
     return handle.load().named
 
 
-def list_snapshots(location: str, sink: str | None = None) -> list[NamedSnapshot]:
+@takes_storage_options
+def list_snapshots(
+    location: str,
+    sink: str | None = None,
+    *,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
+) -> list[NamedSnapshot]:
     """Every named snapshot of the sink, oldest first."""
     handle = _open(location, sink, "snapshots list")
     return sorted(_registry(handle).values(), key=lambda n: n.snapshot_id)
 
 
+@takes_storage_options
 def list_requests(
-    location: str, sink: str | None = None, *, command: str = "snapshots list"
+    location: str,
+    sink: str | None = None,
+    *,
+    command: str = "snapshots list",
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> list[ExportRequest]:
     """Every export requested for the sink's next commit and not served yet, oldest first."""
     handle = _open(location, sink, command)
     return sorted(handle.load().export_requests.values(), key=lambda r: r.requested_seq)
 
 
+@takes_storage_options
 def show(
-    location: str, name: str, sink: str | None = None, *, command: str = "snapshots show"
+    location: str,
+    name: str,
+    sink: str | None = None,
+    *,
+    command: str = "snapshots show",
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> NamedSnapshot:
     handle = _open(location, sink, command)
     state = handle.load()
@@ -412,7 +430,7 @@ def _state_session(handle: admin.SinkHandle, state: str, spark):
     if state == "skip":
         return None
     checkpoint = handle.checkpoint
-    stateful = checkpoint is not None and has_state(checkpoint, dict(handle.storage_options))
+    stateful = checkpoint is not None and has_state(checkpoint, handle.storage)
     if not stateful:
         if state == "include":
             raise ConfigError(
@@ -582,6 +600,7 @@ def _check_destination(
     _inspect_location(fs, root, handle, uri, replace_unfinished)
 
 
+@takes_storage_options
 def check_export(
     location: str,
     name: str,
@@ -591,6 +610,7 @@ def check_export(
     sink: str | None = None,
     replace_unfinished: bool = False,
     batch: int | None = None,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> tuple[SnapshotRecord, int]:
     """Every check of :func:`export` that needs no Spark and writes nothing: the name
     is free, ``to`` is a place of its own that is new, empty or a dead export's
@@ -618,6 +638,7 @@ def _snapshot_of_batch(state: SinkState, batch: int) -> int:
     return max(ids)
 
 
+@takes_storage_options
 def export(
     location: str,
     name: str,
@@ -630,6 +651,7 @@ def export(
     spark=None,
     replace_unfinished: bool = False,
     batch: int | None = None,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> NamedSnapshot:
     """Export a committed snapshot of the sink at ``location`` under ``name`` to ``to``.
 
@@ -939,7 +961,7 @@ def _copy_and_register(
             "target_uri": handle.target_uri,
             "checkpoint": handle.checkpoint,
             "stateful": handle.checkpoint is not None
-            and has_state(handle.checkpoint, dict(handle.storage_options)),
+            and has_state(handle.checkpoint, handle.storage),
             "state_tables": state_json,
             **(details or {}),
         },
@@ -979,8 +1001,15 @@ def _copy_and_register(
 # --- at the next commit, and terminal -----------------------------------------------
 
 
+@takes_storage_options
 def request_export(
-    location: str, name: str, to: str, *, sink: str | None = None, state: str = "auto"
+    location: str,
+    name: str,
+    to: str,
+    *,
+    sink: str | None = None,
+    state: str = "auto",
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> ExportRequest:
     """Ask the running query's sink to export the batch it commits next.
 
@@ -1003,11 +1032,7 @@ def request_export(
             "or choose another location"
         )
     checkpoint = handle.checkpoint
-    if (
-        state != "skip"
-        and checkpoint is not None
-        and has_state(checkpoint, dict(handle.storage_options))
-    ):
+    if state != "skip" and checkpoint is not None and has_state(checkpoint, handle.storage):
         raise ConfigError(
             f"the query at {checkpoint} is stateful and a requested export runs inside the "
             "sink, where no SparkSession can read its state: use stop_and_export (or export "
@@ -1025,8 +1050,14 @@ def request_export(
     return after.export_requests[name]
 
 
+@takes_storage_options
 def cancel_request(
-    location: str, name: str, *, sink: str | None = None, reason: str | None = None
+    location: str,
+    name: str,
+    *,
+    sink: str | None = None,
+    reason: str | None = None,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> ExportRequest:
     """Withdraw a pending :func:`request_export` (an ``export_failed`` event saying it was
     cancelled, written safely). Refused once the export ran: delete the snapshot then."""
@@ -1086,6 +1117,7 @@ def serve_export_requests(
             handle.record_store().update(handle.sink_id, fold_sink, failed)
 
 
+@takes_storage_options
 def wait_for_export(
     location: str,
     name: str,
@@ -1094,6 +1126,7 @@ def wait_for_export(
     timeout: float | None = None,
     query=None,
     poll_s: float = 0.5,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> NamedSnapshot:
     """Wait until a requested export is registered; raise if it failed, the query
     stopped first, or ``timeout`` seconds passed."""
@@ -1134,6 +1167,7 @@ def query_checkpoint(query) -> str:
         ) from e
 
 
+@takes_storage_options
 def stop_and_export(
     query,
     name: str,
@@ -1145,6 +1179,7 @@ def stop_and_export(
     spark=None,
     progress: Progress | None = None,
     replace_unfinished: bool = False,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> NamedSnapshot:
     """A terminal snapshot: stop ``query``, settle its sink, export its last committed batch.
 
@@ -1185,7 +1220,7 @@ def _spark_committed(handle: admin.SinkHandle, state: SinkState, session) -> int
     """
     if session is None or handle.checkpoint is None:
         return None
-    done = latest_batch(handle.checkpoint, "commits", dict(handle.storage_options) or None)
+    done = latest_batch(handle.checkpoint, "commits", handle.storage)
     kept = [r for r in state.records.values() if done is not None and r.batch_id <= done]
     return max(kept, key=lambda r: r.snapshot_id).snapshot_id if kept else None
 
@@ -1220,8 +1255,14 @@ class ExportCheck:
         }
 
 
+@takes_storage_options
 def verify(
-    location: str, name: str, sink: str | None = None, progress: Progress | None = None
+    location: str,
+    name: str,
+    sink: str | None = None,
+    progress: Progress | None = None,
+    *,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> ExportCheck:
     """Re-read the export and compare it with the registry entry: the data table's
     files with the same sizes and CRC32s and the same row count in their footers,
@@ -1238,7 +1279,11 @@ def verify(
     try:
         import pyarrow as pa
 
-        adds = pa.table(DeltaTable(data_uri).get_add_actions(flatten=False)).to_pylist()
+        adds = pa.table(
+            DeltaTable(data_uri, storage_options=current().for_delta()).get_add_actions(
+                flatten=False
+            )
+        ).to_pylist()
     except Exception as e:
         problems = [f"{data_uri}: unreadable: {e}"]
         problems += _check_manifest(entry, sink_id)
@@ -1285,7 +1330,7 @@ def _check_manifest(entry: NamedSnapshot, sink_id: str) -> list[str]:
 
     uri = _fs.join(entry.location, "manifest")
     try:
-        rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
+        rows = DeltaTable(uri, storage_options=current().for_delta()).to_pyarrow_table().to_pylist()
     except Exception as e:
         return [f"{uri}: unreadable manifest: {e}"]
     d = entry.details
@@ -1337,7 +1382,13 @@ def _check_files(uri: str, label: str, files: list[list[Any]]) -> list[str]:
     from deltalake import DeltaTable
 
     try:
-        listed = set(pa.table(DeltaTable(uri).get_add_actions(flatten=False)).column("path"))
+        listed = set(
+            pa.table(
+                DeltaTable(uri, storage_options=current().for_delta()).get_add_actions(
+                    flatten=False
+                )
+            ).column("path")
+        )
         listed = {str(p) for p in listed}
     except Exception as e:
         return [f"{label}: unreadable table: {e}"]
@@ -1376,7 +1427,11 @@ def _check_state_tables(entry: NamedSnapshot) -> list[str]:
         if table.get("files") is not None:
             problems.extend(_check_files(uri, table["path"], table["files"]))
         try:  # counting reads every file's footer: a missing or truncated file fails here
-            rows = DeltaTable(uri).to_pyarrow_dataset().count_rows()
+            rows = (
+                DeltaTable(uri, storage_options=current().for_delta())
+                .to_pyarrow_dataset()
+                .count_rows()
+            )
         except Exception as e:
             problems.append(f"{table['path']}: unreadable state table: {e}")
             continue
@@ -1385,7 +1440,14 @@ def _check_state_tables(entry: NamedSnapshot) -> list[str]:
     return problems
 
 
-def delete(location: str, name: str, sink: str | None = None) -> NamedSnapshot:
+@takes_storage_options
+def delete(
+    location: str,
+    name: str,
+    sink: str | None = None,
+    *,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
+) -> NamedSnapshot:
     """Unregister ``name`` (a safe event), then remove its export folder."""
     handle = _open(location, sink, "snapshots delete")
     entry = show(location, name, sink)
@@ -1435,7 +1497,14 @@ class PreparedQuery:
     rows: int
 
 
-def source_offsets(location: str, name: str, sink: str | None = None) -> list[str | None]:
+@takes_storage_options
+def source_offsets(
+    location: str,
+    name: str,
+    sink: str | None = None,
+    *,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
+) -> list[str | None]:
     """Spark's offset of every source of the snapshot's batch, as JSON (None: no offset).
 
     For Kafka the string is the source's ``startingOffsets`` JSON; for ``rate`` or
@@ -1449,7 +1518,15 @@ def source_offsets(location: str, name: str, sink: str | None = None) -> list[st
     ]
 
 
-def kafka_starting_offsets(location: str, name: str, source: int = 0, sink: str | None = None):
+@takes_storage_options
+def kafka_starting_offsets(
+    location: str,
+    name: str,
+    source: int = 0,
+    sink: str | None = None,
+    *,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
+):
     """The ``startingOffsets`` option that makes a Kafka source begin right after the
     snapshot's batch: ``{"topic": {"partition": offset}}``, as Spark logged it."""
     offsets = source_offsets(location, name, sink)
@@ -1513,6 +1590,7 @@ def _claim_log_source(offset: Any) -> str | None:
     return str(d["source"])
 
 
+@takes_storage_options
 def prepare_query(
     location: str,
     name: str,
@@ -1521,6 +1599,7 @@ def prepare_query(
     *,
     sink: str | None = None,
     progress: Progress | None = None,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> PreparedQuery:
     """Make a new query start exactly at a named snapshot.
 

@@ -103,7 +103,7 @@ class _Store:
         return what
 
 
-def has_state(checkpoint: str, fs_options: Mapping[str, str] | None = None) -> bool:
+def has_state(checkpoint: str, fs_options: Any = None) -> bool:
     """Whether a Spark checkpoint holds operator state (a file under ``<checkpoint>/state``).
 
     Decided without Spark (through fsspec), so a caller without a SparkSession
@@ -229,7 +229,7 @@ def _read_metadata(spark, checkpoint: str, batch_id: int | None = None) -> list[
         ) from exc
 
 
-def _no_state_error(checkpoint: str, fs_options: Mapping[str, str] | None) -> ConfigError:
+def _no_state_error(checkpoint: str, fs_options: Any) -> ConfigError:
     try:
         files = has_state(checkpoint, fs_options)
     except Exception:  # noqa: BLE001 - a scheme fsspec cannot open: Spark's answer stands
@@ -262,7 +262,7 @@ def _check_batch(
     batch_id: int,
     rows: list[Any],
     wait_s: float,
-    fs_options: Mapping[str, str] | None,
+    fs_options: Any,
 ) -> list[Any]:
     """The metadata rows once ``batch_id`` is in Spark's commit log and still retained.
 
@@ -449,7 +449,7 @@ def export_state(
     storage_options: Mapping[str, str] | None = None,
     progress: Progress | None = None,
     wait_s: float = 10.0,
-    fs_options: Mapping[str, str] | None = None,
+    fs_options: Any = None,
 ) -> list[StateTable]:
     """Write the operator state committed at the end of batch ``batch_id`` as Delta tables.
 

@@ -35,6 +35,14 @@ if [ "${1:-}" = "--servers" ]; then
   if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
     apt_install postgresql
   fi
+  # Azurite (Azure Blob emulator, tests/objectstore/azurite.py): >= 3.37 (older ones ignore
+  # list startFrom and delta-rs fails at the second append); Node >= 18 from Debian.
+  AZURITE_DIR=${PYSPARK_TXN_SERVERS:-$HOME/.cache/pyspark-txn-servers}/azurite
+  if [ ! -x "$AZURITE_DIR/node_modules/.bin/azurite-blob" ]; then
+    command -v npm >/dev/null 2>&1 || apt_install nodejs npm
+    mkdir -p "$AZURITE_DIR"
+    npm install --prefix "$AZURITE_DIR" --no-audit --no-fund azurite@3.37.0 >/dev/null
+  fi
 fi
 
 PYTHON=${PYTHON:-python3}

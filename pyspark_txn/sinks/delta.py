@@ -28,6 +28,7 @@ from ..checkpoint import (
 from ..errors import ConfigError
 from ..faults import FaultPlan
 from ..state import DEFAULT_RETAIN_SNAPSHOTS, DeltaEventLog, RecordStore, TxnHandle, new_token
+from ..storage import StorageOptions, using
 from ._spark import (
     TxnCommitMessage,
     WriterBase,
@@ -136,6 +137,11 @@ class DeltaSinkOptions:
     sink_id_prefix: ClassVar[str] = "txn"
 
     @property
+    def storage(self) -> StorageOptions:
+        """``storageOptions`` and ``fs.*`` as one storage configuration."""
+        return StorageOptions.of(self.storage_options, self.fs_options)
+
+    @property
     def light(self) -> bool:
         return self.mode == "light"
 
@@ -233,7 +239,7 @@ class DeltaSinkOptions:
             self.checkpoint_location,
             self.sink_id,
             self.sink_id if self.explicit_sink_id else None,
-            dict(self.fs_options),
+            self.storage,
             record_table=(
                 None
                 if self.record_table == default_record_table(self.checkpoint_location)
@@ -288,8 +294,7 @@ class DeltaSinkOptions:
             self.path,
             self.sink_id,
             partition_by=self.partition_by,
-            storage_options=dict(self.storage_options),
-            fs_options=dict(self.fs_options),
+            storage=self.storage,
             table_properties=dict(self.table_properties),
             table_name=self.table_name,
             table_description=self.table_description,
@@ -315,10 +320,12 @@ class DeltaSinkOptions:
             sink_id=self.sink_id,
             target_uri=self.path,
             storage_options=dict(self.storage_options),
+            fs_overrides=self.storage.fs_overrides,
             partition_by=self.partition_by,
             checkpoint=self.checkpoint_location,
         )
-        snapshots.serve_export_requests(handle, state, record, version)
+        with using(self.storage):  # every store the export touches
+            snapshots.serve_export_requests(handle, state, record, version)
 
     def light_committer(self) -> LightCommitter:
         return LightCommitter(self.target(), self.sink_id, self.faults)
@@ -328,7 +335,7 @@ class DeltaSinkOptions:
             table_uri=self.path,
             sink_id=self.sink_id,
             partition_by=self.partition_by,
-            fs_options=self.fs_options,
+            storage=self.storage,
             row_group_rows=self.row_group_rows,
             compression=self.compression,
             target_file_rows=self.target_file_rows,
@@ -414,7 +421,7 @@ class TxnDeltaStreamWriter(WriterBase):
         worker_logging(self.opts.log_level)
         msgs = [m for m in messages if m is not None]
         if self.opts.light:
-            fs_options = dict(self.opts.fs_options)
+            fs_options = self.opts.storage
             self.opts.light_committer().commit(
                 batchId,
                 msgs[0].token if msgs else "",
@@ -425,7 +432,7 @@ class TxnDeltaStreamWriter(WriterBase):
             return
         committer = self.opts.committer()
         snapshot_id, token, run_id = batch_attempt(committer, msgs, batchId)
-        fs_options = dict(self.opts.fs_options)
+        fs_options = self.opts.storage
         offsets = read_batch_offsets(self.opts.checkpoint_location, batchId, fs_options)
         committer.commit(
             batchId,

@@ -21,6 +21,7 @@ from .. import _fs
 from .._delta import open_table
 from ..errors import CheckpointMismatchError, ConfigError, CorruptSnapshotError
 from ..state import SnapshotRecord, TxnHandle
+from ..storage import StorageOptions
 from .staging import (
     MARKER_SUFFIX,
     STAGING_ROOT,
@@ -111,6 +112,7 @@ class DeltaTarget(Target):
         partition_by: Sequence[str] = (),
         storage_options: Mapping[str, str] | None = None,
         fs_options: Mapping[str, Any] | None = None,
+        storage: StorageOptions | None = None,
         table_properties: Mapping[str, str] | None = None,
         table_name: str | None = None,
         table_description: str | None = None,
@@ -123,8 +125,10 @@ class DeltaTarget(Target):
         self.table_name = table_name
         self.table_description = table_description
         self.user_metadata = user_metadata
-        self.storage_options = dict(storage_options or {}) or None
-        self.fs, self.root = _fs.filesystem(uri, fs_options)
+        # one storage configuration for delta-rs and the fsspec IO (pyspark_txn.storage)
+        self.storage = storage or StorageOptions.of(storage_options, fs_options)
+        self.storage_options = self.storage.for_delta()
+        self.fs, self.root = _fs.filesystem(uri, self.storage)
 
     # --- reading --------------------------------------------------------------
 

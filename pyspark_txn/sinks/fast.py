@@ -59,6 +59,7 @@ from .._options import reject_unknown_options
 from ..checkpoint import read_batch_offsets, read_query_id
 from ..errors import ConfigError, ProtocolViolation, TxnError
 from ..state import TxnHandle, new_token
+from ..storage import StorageOptions
 from ._spark import worker_logging
 from .delta import SINK_OPTIONS, DeltaSinkOptions, spark_to_arrow_schema
 from .delta_target import DeltaTarget, check_writable_schema
@@ -220,7 +221,8 @@ class DeltaBatchWriter:
     def __call__(self, df, batch_id: int) -> None:
         opts = self._given  # nothing is written to the checkpoint before it is checked
         worker_logging(opts.log_level)
-        fs_options = dict(opts.fs_options)
+        spark_uri(opts.path, df.sparkSession, opts.storage)  # a missing FileSystem: refuse now
+        fs_options = opts.storage
         job = _spark_job(df.sparkSession, self._connect_run)
         if job.run_id is not None and (job.run_id, batch_id) == self._written:
             # Spark runs a batch once per run; a second call would be taken for a replay
@@ -334,14 +336,20 @@ class DeltaBatchWriter:
     ) -> list[TxnHandle]:
         """Run Spark's parquet write for the attempt; return the staged files' handles."""
         opts = self.opts
-        fs, root = _fs.filesystem(opts.path, dict(opts.fs_options))
+        fs, root = _fs.filesystem(opts.path, opts.storage)
         local = _fs.is_local(opts.path)
         attempt = uuid.uuid4().hex[:8]
         base = _fs.join(root, snapshot_dir(opts.sink_id, snapshot_id, token))
         spark_dir = _fs.join(base, SPARK_DIR)
+        # Spark gets the URI its Hadoop filesystem expects (s3a:// ...), checked up front
+        spark_target = spark_uri(
+            _fs.join(opts.path, snapshot_dir(opts.sink_id, snapshot_id, token), SPARK_DIR),
+            df.sparkSession,
+            opts.storage,
+        )
         started = time.perf_counter()
         columns = [(c, arrow_schema.field(c).type) for c in opts.partition_by]
-        self._spark_write(df, spark_dir, [c for c, t in columns if _is_string(t)])
+        self._spark_write(df, spark_target, [c for c, t in columns if _is_string(t)])
         wrote = time.perf_counter()
         prefix = data_file_prefix(opts.sink_id, snapshot_id, token)
         folders: dict[str, int] = {}  # target folder -> its marker's number
@@ -414,7 +422,7 @@ class DeltaBatchWriter:
         for key, value in _WRITE_CONF.items():
             conf.set(key, value)
         try:
-            writer.parquet(_spark_uri(spark_dir))
+            writer.parquet(spark_dir)
         finally:
             for key, value in previous.items():
                 if value is None:
@@ -474,8 +482,103 @@ def _encoding_options(spark_schema) -> dict[str, str]:
     return options
 
 
-def _spark_uri(path: str) -> str:
-    return f"file://{path}" if _fs.is_local(path) else path
+#: Hadoop FileSystem scheme open-source Spark uses for a store's URI scheme, and the
+#: jar that provides it (named when the session has none).
+_HADOOP_SCHEMES = {
+    "s3": ("s3a", "hadoop-aws (org.apache.hadoop:hadoop-aws, matching Spark's Hadoop)"),
+    "s3a": ("s3a", "hadoop-aws (org.apache.hadoop:hadoop-aws, matching Spark's Hadoop)"),
+    "abfs": ("abfs", "hadoop-azure (org.apache.hadoop:hadoop-azure)"),
+    "abfss": ("abfss", "hadoop-azure (org.apache.hadoop:hadoop-azure)"),
+    "az": ("abfss", "hadoop-azure (org.apache.hadoop:hadoop-azure)"),
+    "azure": ("abfss", "hadoop-azure (org.apache.hadoop:hadoop-azure)"),
+    "gs": ("gs", "gcs-connector (com.google.cloud.bigdata-oss:gcs-connector)"),
+    "gcs": ("gs", "gcs-connector (com.google.cloud.bigdata-oss:gcs-connector)"),
+}
+#: Session conf that names the scheme Spark gets for a store (e.g. ``s3`` where the
+#: cluster maps s3:// itself, as Databricks and EMR do): ``<prefix>.<scheme>``.
+SPARK_SCHEME_CONF = "spark.pyspark_txn.sparkScheme"
+
+
+def _conf(session, key: str) -> str | None:
+    try:
+        value = session.conf.get(key, None)
+    except Exception:  # Connect sessions refuse some keys: not set
+        return None
+    return None if value in (None, "") else str(value)
+
+
+def _is_databricks(session) -> bool:
+    return bool(
+        os.environ.get("DATABRICKS_RUNTIME_VERSION")
+        or _conf(session, "spark.databricks.clusterUsageTags.clusterId")
+    )
+
+
+def spark_uri(uri: str, session=None, storage: StorageOptions | None = None) -> str:
+    """``uri`` (a txn-delta location) as Spark's Hadoop filesystem expects it.
+
+    Local paths get ``file://``; ``s3://`` becomes ``s3a://`` on open-source Spark
+    (Databricks and sessions that set ``spark.hadoop.fs.s3.impl`` keep ``s3://``);
+    ``az://container/path`` becomes ``abfss://container@<account>.dfs.core.windows.net/path``
+    (the account from ``AZURE_STORAGE_ACCOUNT_NAME``); ``gcs://`` becomes ``gs://``.
+    ``spark.pyspark_txn.sparkScheme.<scheme>`` overrides the scheme. With a classic
+    session, a scheme Spark has no FileSystem for is refused here with the jar to add.
+    """
+    if _fs.is_local(uri):
+        return f"file://{uri}"
+    scheme, rest = uri.split("://", 1)
+    scheme = scheme.lower()
+    if scheme not in _HADOOP_SCHEMES:
+        return uri
+    target, jar = _HADOOP_SCHEMES[scheme]
+    override = _conf(session, f"{SPARK_SCHEME_CONF}.{scheme}") if session is not None else None
+    if override:
+        target = override.strip().lower().removesuffix("://")
+    elif session is not None and scheme in ("s3", "abfs", "abfss", "gs"):
+        if _is_databricks(session) or _conf(session, f"spark.hadoop.fs.{scheme}.impl"):
+            target = scheme
+    if scheme in ("az", "azure") and target in ("abfs", "abfss"):
+        container, _, path = rest.partition("/")
+        if "@" not in container:
+            account = dict((k.lower(), v) for k, v in (storage.items if storage else ())).get(
+                "azure_storage_account_name"
+            ) or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+            if not account:
+                raise ConfigError(
+                    f"delta_batch_writer: path {uri!r}: Spark needs the storage account for "
+                    "an az:// URI: write abfss://<container>@<account>.dfs.core.windows.net/"
+                    "<path>, or give AZURE_STORAGE_ACCOUNT_NAME in storageOptions"
+                )
+            container = f"{container}@{account}.dfs.core.windows.net"
+        rest = f"{container}/{path}" if path else container
+    mapped = f"{target}://{rest}"
+    if session is not None:
+        _check_hadoop_filesystem(session, target, jar, uri, mapped)
+    return mapped
+
+
+def _check_hadoop_filesystem(session, scheme: str, jar: str, uri: str, mapped: str) -> None:
+    """Refuse before anything is written when the session's Hadoop has no FileSystem
+    for ``scheme`` (only a classic session can be asked; Connect's server is trusted)."""
+    jvm = (
+        getattr(getattr(session, "sparkContext", None), "_jvm", None)
+        if not _is_connect(session)
+        else None
+    )
+    if jvm is None:
+        return
+    try:
+        conf = session.sparkContext._jsc.hadoopConfiguration()
+        jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, conf)
+    except Exception as e:
+        reason = " ".join(str(e).split("\n")[0].split())[:200]
+        raise ConfigError(
+            f"delta_batch_writer: Spark writes the batch to {mapped} (path {uri!r}), but this "
+            f"session has no Hadoop FileSystem for {scheme}:// ({reason}). Add {jar} to the "
+            f"session (spark.jars.packages), or name the scheme your cluster maps with "
+            f"spark.conf.set('{SPARK_SCHEME_CONF}.{uri.split('://', 1)[0].lower()}', "
+            "'<scheme>'); see docs/object-stores.md"
+        ) from None
 
 
 def _quoted(column: str) -> str:

@@ -30,12 +30,13 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from typing import Any, Literal
 
 from .. import _fs
 from ..state import TxnHandle
+from ..storage import StorageOptions
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class StagingConfig:
     table_uri: str
     sink_id: str
     partition_by: tuple[str, ...] = ()
-    fs_options: tuple[tuple[str, Any], ...] = ()
+    storage: StorageOptions = field(default_factory=StorageOptions)
     row_group_rows: int = 1_000_000
     row_group_bytes: int = 128 << 20
     compression: str = "snappy"
@@ -589,7 +590,7 @@ class PartitionStager:
         self.dictionary_columns = dictionary_columns(self.file_schema)
         self.fill_masked_nulls = has_nested_required(schema)
         self.table_root = cfg.table_uri
-        self.fs, self.fs_root = _fs.filesystem(cfg.table_uri, dict(cfg.fs_options))
+        self.fs, self.fs_root = _fs.filesystem(cfg.table_uri, cfg.storage)
         self.local = _fs.is_local(cfg.table_uri)
         self.marker_dir = snapshot_dir(cfg.sink_id, snapshot_id, token)
         self.prefix = data_file_prefix(cfg.sink_id, snapshot_id, token)

@@ -45,6 +45,7 @@ from .. import _fs
 from .._options import check_location, parse_storage_options, reject_unknown_options
 from ..errors import ConfigError, SourceError
 from ..sinks.delta import spark_to_arrow_schema
+from ..storage import StorageOptions
 from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order
 from ._deletion_vectors import load_deletion_vector
 from ._partition_values import DECIMAL_TYPE, INTEGRAL_TYPES, parse_partition_value, type_name
@@ -99,6 +100,11 @@ class DeltaSourceOptions:
     ignore_changes: bool = False
     storage_options: tuple[tuple[str, str], ...] = ()
     fs_options: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def storage(self) -> StorageOptions:
+        """``storageOptions`` and ``fs.*`` as one storage configuration."""
+        return StorageOptions.of(self.storage_options, self.fs_options)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> DeltaSourceOptions:
@@ -415,7 +421,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._changes: dict[tuple[int, bool], ChangeSet] = {}
         self.target_version: int | None = None
         self.current: dict | None = None
-        self.fs, self.root = _fs.filesystem(opts.path, dict(opts.fs_options))
+        self.fs, self.root = _fs.filesystem(opts.path, opts.storage)
 
     def __getstate__(self) -> dict[str, Any]:
         # read() runs on executors from a pickled copy: the file lists stay on the driver
@@ -426,7 +432,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.fs, self.root = _fs.filesystem(self.opts.path, dict(self.opts.fs_options))
+        self.fs, self.root = _fs.filesystem(self.opts.path, self.opts.storage)
 
     # --- file lists per version (cached: they never change) ---------------------
 

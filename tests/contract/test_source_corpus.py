@@ -262,8 +262,10 @@ def test_bad_storage_options_are_a_config_error(tmp_path):
         DeltaSourceOptions.parse({"path": str(tmp_path), "storageOptions": "{not json"})
     with pytest.raises(ConfigError, match="JSON object of string values"):
         DeltaSourceOptions.parse({"path": str(tmp_path), "storageOptions": '["a"]'})
-    ok = DeltaSourceOptions.parse({"path": str(tmp_path), "storageOptions": '{"a": "b"}'})
-    assert ok.storage_options == (("a", "b"),)
+    with pytest.raises(ConfigError, match="unknown key 'a'"):
+        DeltaSourceOptions.parse({"path": str(tmp_path), "storageOptions": '{"a": "b"}'})
+    ok = DeltaSourceOptions.parse({"path": str(tmp_path), "storageOptions": '{"AWS_REGION": "b"}'})
+    assert ok.storage_options == (("AWS_REGION", "b"),)
 
 
 def test_missing_table_is_a_source_error(tmp_path):

@@ -73,7 +73,12 @@ def test_table_properties_keep_their_delta_spelling_and_are_checked(tmp_path):
 
 @pytest.mark.parametrize(
     "raw, problem",
-    [("{nope", "is not valid JSON"), ('["a"]', "JSON object"), ('{"k": 1}', "string values")],
+    [
+        ("{nope", "is not valid JSON"),
+        ('["a"]', "JSON object"),
+        ('{"AWS_REGION": [1]}', "string values"),
+        ('{"k": "1"}', "unknown key 'k'"),
+    ],
 )
 def test_storage_options_errors_name_the_format_and_option(tmp_path, raw, problem):
     from pyspark_txn.sources.delta import DeltaSourceOptions

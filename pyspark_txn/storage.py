@@ -1,0 +1,502 @@
+"""One storage configuration for every byte read or written at a URI.
+
+Users give the object_store / delta-rs keys they know (``AWS_*``, ``AZURE_*``,
+``GOOGLE_*``) once, as ``storageOptions``. :class:`StorageOptions` parses them once
+(case-insensitive, booleans typed, unknown keys refused by name) and hands out
+
+- :meth:`StorageOptions.for_delta`: the dict for delta-rs (``storage_options=``), and
+- :meth:`StorageOptions.filesystem`: an fsspec filesystem for the other IO (staged
+  files, markers, checkpoints, claim logs, exports).
+
+On object stores the filesystem is obstore's ``FsspecStore`` (the same Rust
+object_store crate delta-rs uses: same option names, retries and credential chain).
+It lists fresh on every call: no cached listing ever decides what exists (s3fs's
+listing cache reported freshly staged files as missing, DESIGN §8). Without obstore,
+or with ``fs.*`` options (an override), fsspec's own implementation is used with its
+listing and instance caches off. Local paths keep fsspec's local filesystem (fsync).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import json
+import logging
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from . import _fs
+from .errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+STORAGE_OPTIONS_EXAMPLE = '{"AWS_REGION": "eu-west-1"}'
+
+# Client options of object_store, valid for every store; users may prefix them with
+# the store's prefix (AWS_ALLOW_HTTP, as delta-rs documents). Value: True when boolean.
+_CLIENT_KEYS: dict[str, bool] = {
+    "allow_http": True,
+    "allow_invalid_certificates": True,
+    "connect_timeout": False,
+    "timeout": False,
+    "pool_idle_timeout": False,
+    "pool_max_idle_per_host": False,
+    "proxy_url": False,
+    "proxy_ca_certificate": False,
+    "proxy_excludes": False,
+    "user_agent": False,
+    "randomize_addresses": True,
+}
+
+# object_store's S3 keys (canonical name -> boolean?) and their aliases.
+_S3_KEYS: dict[str, bool] = {
+    "aws_access_key_id": False,
+    "aws_secret_access_key": False,
+    "aws_session_token": False,
+    "aws_region": False,
+    "aws_default_region": False,
+    "aws_endpoint": False,
+    "aws_bucket": False,
+    "aws_virtual_hosted_style_request": True,
+    "aws_s3_express": True,
+    "aws_imdsv1_fallback": True,
+    "aws_metadata_endpoint": False,
+    "aws_unsigned_payload": True,
+    "aws_skip_signature": True,
+    "aws_checksum_algorithm": False,
+    "aws_container_credentials_relative_uri": False,
+    "aws_container_credentials_full_uri": False,
+    "aws_copy_if_not_exists": False,
+    "aws_conditional_put": False,
+    "aws_disable_tagging": True,
+    "aws_request_payer": True,
+    "aws_server_side_encryption": False,
+    "aws_sse_kms_key_id": False,
+    "aws_sse_bucket_key_enabled": True,
+    "aws_role_arn": False,
+    "aws_role_session_name": False,
+    "aws_web_identity_token_file": False,
+    "aws_sts_endpoint": False,
+}
+_S3_ALIASES = {
+    "aws_endpoint_url": "aws_endpoint",
+    "aws_token": "aws_session_token",
+    "access_key_id": "aws_access_key_id",
+    "secret_access_key": "aws_secret_access_key",
+    "session_token": "aws_session_token",
+    "region": "aws_region",
+    "endpoint": "aws_endpoint",
+    "endpoint_url": "aws_endpoint",
+}
+_AZURE_KEYS: dict[str, bool] = {
+    "azure_storage_account_name": False,
+    "azure_storage_account_key": False,
+    "azure_storage_client_id": False,
+    "azure_storage_client_secret": False,
+    "azure_storage_tenant_id": False,
+    "azure_storage_authority_host": False,
+    "azure_storage_sas_key": False,
+    "azure_storage_token": False,
+    "azure_storage_use_emulator": True,
+    "azure_storage_endpoint": False,
+    "azure_use_fabric_endpoint": True,
+    "azure_msi_endpoint": False,
+    "azure_object_id": False,
+    "azure_msi_resource_id": False,
+    "azure_federated_token_file": False,
+    "azure_use_azure_cli": True,
+    "azure_skip_signature": True,
+    "azure_container_name": False,
+    "azure_disable_tagging": True,
+}
+_AZURE_ALIASES = {
+    "account_name": "azure_storage_account_name",
+    "azure_storage_account": "azure_storage_account_name",
+    "account_key": "azure_storage_account_key",
+    "access_key": "azure_storage_account_key",
+    "azure_storage_access_key": "azure_storage_account_key",
+    "azure_storage_key": "azure_storage_account_key",
+    "azure_client_id": "azure_storage_client_id",
+    "client_id": "azure_storage_client_id",
+    "azure_client_secret": "azure_storage_client_secret",
+    "client_secret": "azure_storage_client_secret",
+    "azure_tenant_id": "azure_storage_tenant_id",
+    "tenant_id": "azure_storage_tenant_id",
+    "azure_storage_sas_token": "azure_storage_sas_key",
+    "sas_key": "azure_storage_sas_key",
+    "sas_token": "azure_storage_sas_key",
+    "bearer_token": "azure_storage_token",
+    "use_emulator": "azure_storage_use_emulator",
+    "azure_endpoint": "azure_storage_endpoint",
+}
+_GCS_KEYS: dict[str, bool] = {
+    "google_service_account": False,
+    "google_service_account_key": False,
+    "google_bucket": False,
+    "google_application_credentials": False,
+    "google_skip_signature": True,
+}
+_GCS_ALIASES = {
+    "google_service_account_path": "google_service_account",
+    "service_account": "google_service_account",
+    "service_account_path": "google_service_account",
+    "service_account_key": "google_service_account_key",
+    "google_bucket_name": "google_bucket",
+    "bucket": "google_bucket",
+}
+# Keys only delta-rs reads (its S3 locking / rename knobs): passed to delta-rs only.
+_DELTA_ONLY: dict[str, bool] = {
+    "aws_s3_allow_unsafe_rename": True,
+    "aws_s3_locking_provider": False,
+    "delta_dynamo_table_name": False,
+    "aws_profile": False,
+    "aws_force_credential_load": True,
+    "aws_ec2_metadata_disabled": True,
+    "timeout_retry": False,
+    "max_retries": False,
+    "retry_timeout": False,
+}
+
+_STORES = {"s3": "aws_", "azure": "azure_", "gcs": "google_"}
+_SCHEME_STORE = {
+    "s3": "s3",
+    "s3a": "s3",
+    "az": "azure",
+    "azure": "azure",
+    "abfs": "azure",
+    "abfss": "azure",
+    "adl": "azure",
+    "gs": "gcs",
+    "gcs": "gcs",
+}
+
+
+def _canonical(key: str) -> tuple[str, str | None, bool] | None:
+    """(canonical key, store or None for client/delta-only keys, boolean?) or None."""
+    low = key.strip().lower()
+    for table, aliases, store in (
+        (_S3_KEYS, _S3_ALIASES, "s3"),
+        (_AZURE_KEYS, _AZURE_ALIASES, "azure"),
+        (_GCS_KEYS, _GCS_ALIASES, "gcs"),
+    ):
+        name = aliases.get(low, low)
+        if name in table:
+            return name, store, table[name]
+    if low in _DELTA_ONLY:
+        return low, "delta", _DELTA_ONLY[low]
+    for prefix in ("", "aws_", "azure_", "google_"):
+        if low.startswith(prefix) and low[len(prefix) :] in _CLIENT_KEYS:
+            name = low[len(prefix) :]
+            return name, None, _CLIENT_KEYS[name]
+    return None
+
+
+def _all_names() -> list[str]:
+    names = [*_S3_KEYS, *_AZURE_KEYS, *_GCS_KEYS, *_DELTA_ONLY, *_CLIENT_KEYS]
+    names += [*_S3_ALIASES, *_AZURE_ALIASES, *_GCS_ALIASES]
+    return names
+
+
+def _parse_bool(where: str, option: str, key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise ConfigError(f"{where}: option {option}: key {key}={value!r}: expected true or false")
+
+
+def _typed_fs_value(value: Any) -> Any:
+    """``fs.*`` values arrive as Spark strings: "false" must not reach fsspec truthy."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if text[:1] in "{[":
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return value
+
+
+@dataclass(frozen=True)
+class StorageOptions:
+    """Storage configuration parsed once: plain data, safe to pickle to executors.
+
+    ``items``: (key as the user spelled it, value as text) for delta-rs;
+    ``fs_overrides``: typed ``fs.*`` options (an override: fsspec's own filesystem).
+    """
+
+    items: tuple[tuple[str, str], ...] = ()
+    fs_overrides: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def parse(
+        cls,
+        raw: str | Mapping[str, Any] | None,
+        where: str = "storage options",
+        option: str = "storageOptions",
+        fs_options: Mapping[str, Any] | None = None,
+    ) -> StorageOptions:
+        """Parse a JSON object (or a mapping) of storage options; ``fs_options``: the
+        ``fs.*`` options without their prefix. Raises :class:`ConfigError` naming the
+        option and key on bad JSON, a non-scalar value, a bad boolean or an unknown key."""
+        parsed: Any
+        if raw is None or raw == "":
+            parsed = {}
+        elif isinstance(raw, Mapping):
+            parsed = dict(raw)
+        else:
+            try:
+                parsed = json.loads(raw)
+            except ValueError as e:
+                raise ConfigError(
+                    f"{where}: option {option} is not valid JSON ({e}); expected a JSON "
+                    f"object of strings, e.g. {STORAGE_OPTIONS_EXAMPLE}"
+                ) from None
+        if not isinstance(parsed, dict) or not all(
+            isinstance(k, str) and isinstance(v, (str, bool, int, float)) for k, v in parsed.items()
+        ):
+            raise ConfigError(
+                f"{where}: option {option} must be a JSON object of string values, e.g. "
+                f"{STORAGE_OPTIONS_EXAMPLE}; got {raw!r}"
+            )
+        items: dict[str, str] = {}
+        seen: dict[str, str] = {}
+        unknown: list[str] = []
+        for key, value in parsed.items():
+            found = _canonical(key)
+            if found is None:
+                unknown.append(key)
+                continue
+            name, _store, is_bool = found
+            if name in seen:
+                raise ConfigError(
+                    f"{where}: option {option} gives {name} twice ({seen[name]!r} and {key!r})"
+                )
+            seen[name] = key
+            if is_bool:
+                text = "true" if _parse_bool(where, option, key, value) else "false"
+            elif isinstance(value, bool):
+                text = "true" if value else "false"
+            else:
+                text = str(value)
+            items[key] = text
+        if unknown:
+            choices = _all_names()
+
+            def describe(key: str) -> str:
+                near = difflib.get_close_matches(key.lower(), choices, n=1, cutoff=0.75)
+                return f"{key!r} (did you mean {near[0].upper()}?)" if near else repr(key)
+
+            raise ConfigError(
+                f"{where}: option {option}: unknown key{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(describe(k) for k in sorted(unknown))}; expected object_store / "
+                "delta-rs keys (AWS_*, AZURE_*, GOOGLE_*, case-insensitive), see "
+                "docs/object-stores.md"
+            )
+        overrides = tuple(
+            sorted((k, _typed_fs_value(v)) for k, v in dict(fs_options or {}).items())
+        )
+        return cls(items=tuple(sorted(items.items())), fs_overrides=overrides)
+
+    @classmethod
+    def of(cls, items: Any = (), fs_options: Any = ()) -> StorageOptions:
+        """From already parsed parts: ``items`` (``parse_storage_options``' result) and
+        ``fs_options`` (the ``fs.*`` options without their prefix, values as given)."""
+        return cls(
+            items=tuple(sorted(dict(items or ()).items())),
+            fs_overrides=tuple(
+                sorted((k, _typed_fs_value(v)) for k, v in dict(fs_options or ()).items())
+            ),
+        )
+
+    @classmethod
+    def coerce(cls, value: StorageOptions | Mapping[str, Any] | str | None) -> StorageOptions:
+        """``value`` as StorageOptions: a JSON text or a mapping of storage options."""
+        if isinstance(value, StorageOptions):
+            return value
+        return cls.parse(value)
+
+    # --- delta-rs ---------------------------------------------------------------
+    def for_delta(self) -> dict[str, str] | None:
+        """The dict for delta-rs' ``storage_options=`` (None when empty)."""
+        return dict(self.items) or None
+
+    def __bool__(self) -> bool:
+        return bool(self.items or self.fs_overrides)
+
+    # --- fsspec -----------------------------------------------------------------
+    def _obstore_config(self, store: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(config, client_options) for obstore: object_store's canonical lower-case keys
+        of ``store`` (keys of other stores and delta-only keys are left out)."""
+        config: dict[str, Any] = {}
+        client: dict[str, Any] = {}
+        for key, value in self.items:
+            found = _canonical(key)
+            assert found is not None  # parse refused the rest
+            name, owner, is_bool = found
+            typed: Any = value == "true" if is_bool else value
+            if owner is None:
+                client[name] = typed
+            elif owner == store:
+                config[name] = typed
+        return config, client
+
+    def filesystem(self, uri: str) -> tuple[Any, str]:
+        """(fsspec filesystem, path inside it) for ``uri``; nothing cached decides what
+        exists. Raises :class:`ConfigError` when the options cannot build a store."""
+        import fsspec
+
+        if _fs.is_local(uri):
+            return fsspec.core.url_to_fs(uri, **dict(self.fs_overrides))
+        scheme = uri.split("://", 1)[0].lower()
+        store = _SCHEME_STORE.get(scheme)
+        if self.fs_overrides or store is None or not _has_obstore():
+            opts = dict(self.fs_overrides)
+            opts.setdefault("use_listings_cache", False)
+            opts.setdefault("skip_instance_cache", True)
+            return fsspec.core.url_to_fs(uri, **opts)
+        return _obstore_fs(uri, scheme, *self._obstore_config(store))
+
+
+def _has_obstore() -> bool:
+    try:
+        import obstore.fsspec  # noqa: F401
+    except ImportError:  # pragma: no cover - an install without the object-store extra
+        log.debug("obstore is not installed: object stores use fsspec's own filesystems")
+        return False
+    return True
+
+
+def _obstore_fs(
+    uri: str, scheme: str, config: dict[str, Any], client: dict[str, Any]
+) -> tuple[Any, str]:
+    from obstore.fsspec import FsspecStore
+
+    protocol = {"s3a": "s3", "gcs": "gs"}.get(scheme, scheme)
+    rest = uri.split("://", 1)[1]
+    bucket = rest.split("/", 1)[0]
+    root = rest.rstrip("/")
+    try:
+        fs = cast(Any, FsspecStore)(protocol, config=config or None, client_options=client or None)
+        fs._construct_store(bucket)  # build it now: bad options fail here, not mid-batch
+    except BaseException as e:  # obstore's pyo3 PanicException is a BaseException
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise ConfigError(
+            f"storage options for {uri}: the object store client refused them: {e}"
+        ) from None
+    return fs, root
+
+
+# The storage configuration of the operation in progress: the CLI's --storage-options
+# and the storage_options= of the Python APIs, for every nested read or write that is
+# not given one explicitly (the operations reach many helpers; none should be missed).
+_CURRENT: ContextVar[StorageOptions | None] = ContextVar("pyspark_txn_storage", default=None)
+
+
+def current() -> StorageOptions:
+    """The storage configuration in effect (empty: the environment's credentials)."""
+    return _CURRENT.get() or StorageOptions()
+
+
+@contextlib.contextmanager
+def using(options: StorageOptions | Mapping[str, Any] | str | None) -> Iterator[StorageOptions]:
+    """Make ``options`` (None: the one in effect) the configuration of the IO inside."""
+    parsed = current() if options is None else StorageOptions.coerce(options)
+    token = _CURRENT.set(parsed)
+    try:
+        yield parsed
+    finally:
+        _CURRENT.reset(token)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def takes_storage_options(func: F) -> F:
+    """Run ``func`` with its keyword argument ``storage_options`` (JSON text, a mapping of
+    delta-rs keys, or StorageOptions) in effect for every store it touches."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with using(kwargs.get("storage_options")):
+            return func(*args, **kwargs)
+
+    return cast(F, wrapper)
+
+
+def filesystem(
+    uri: str, storage: StorageOptions | Mapping[str, Any] | None = None
+) -> tuple[Any, str]:
+    """An fsspec filesystem for ``uri`` and the path inside it. ``storage``: the
+    StorageOptions (None: the one in effect, :func:`current`), or a mapping of ``fs.*``
+    overrides (older call sites)."""
+    if not storage:
+        return current().filesystem(uri)
+    if isinstance(storage, StorageOptions):
+        return storage.filesystem(uri)
+    return StorageOptions(
+        fs_overrides=tuple(sorted((k, _typed_fs_value(v)) for k, v in storage.items()))
+    ).filesystem(uri)
+
+
+_HINTS = (
+    (
+        (
+            "credential",
+            "metadata",
+            "169.254.169.254",
+            "unauthenticated",
+            "no valid",
+            "invalidaccesskeyid",
+            "signature",
+        ),
+        "no usable credentials: give them in storageOptions / --storage-options "
+        "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AZURE_STORAGE_ACCOUNT_KEY, "
+        "GOOGLE_SERVICE_ACCOUNT ...) or in the environment",
+    ),
+    (
+        ("403", "forbidden", "accessdenied", "access denied", "permission"),
+        "the store denied the request: check the credentials' permissions on this location",
+    ),
+    (
+        ("connect", "connection refused", "dns", "error sending request", "timed out", "timeout"),
+        "the store cannot be reached: check the endpoint (AWS_ENDPOINT_URL, "
+        "AZURE_STORAGE_ENDPOINT ...) and the network",
+    ),
+)
+
+
+def describe_store_error(error: BaseException) -> str | None:
+    """One line for an object-store failure (missing credentials, an unreachable endpoint,
+    a denied request), or None if ``error`` is not one. For the CLI: no tracebacks."""
+    module = type(error).__module__.split(".")[0]
+    if not (
+        isinstance(error, OSError) or module in ("obstore", "deltalake", "botocore", "aiohttp")
+    ):
+        return None
+    text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(error)).replace("↳", "-").split())
+    low = text.lower()
+    detail = text if len(text) <= 300 else text[:297] + "..."
+    for needles, hint in _HINTS:
+        if any(n in low for n in needles):
+            return f"{hint} ({type(error).__name__}: {detail})"
+    return f"the store failed: {type(error).__name__}: {detail}"

@@ -1,0 +1,248 @@
+"""txn-delta with its target and record table on S3 (moto behind a fault proxy)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from deltalake import DeltaTable
+from s3_pipeline import S3Pipeline
+from support import run_cli_process
+
+import pyspark_txn
+from pyspark_txn.errors import ConfigError
+
+AWS_ENV = [k for k in os.environ if k.startswith("AWS_")]
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = pyspark_txn.local_session("pyspark-txn-objectstore")
+    yield session
+    session.stop()
+
+
+@pytest.mark.slow  # the faults test below covers the same path in the bounded set
+def test_txn_delta_on_s3_commits_every_batch_exactly_once(spark, tmp_path, s3):
+    """Issue 22: batch 1 failed with 'staged files are missing' (a stale s3fs listing)."""
+    p = S3Pipeline(spark, tmp_path, s3, total=500, per_batch=100)
+    assert p.run() is None
+    p.assert_exactly_once()
+    p.assert_no_orphans()
+    p.assert_records_consistent()
+
+
+def test_faults_cli_source_and_export_on_s3(spark, tmp_path, s3):
+    """5xx answers and responses dropped after the server applied the request, over 5
+    batches: exactly once, no orphan objects; then the CLI (verify, status, snapshots
+    export to s3://) with --storage-options, and the txn-delta source reading the table."""
+    s3.proxy.error_rate = 0.03
+    s3.proxy.drop_rate = 0.03
+    p = S3Pipeline(spark, tmp_path, s3, total=500, per_batch=100)
+    assert p.run() is None
+    s3.proxy.calm()
+    assert s3.proxy.faults["500"] + s3.proxy.faults["drop"] > 0, s3.proxy.faults
+    p.assert_exactly_once()
+    p.assert_no_orphans()
+    p.assert_records_consistent()
+
+    options = json.dumps(s3.options)
+    rc, out, err = run_cli_process("verify", p.records, "--storage-options", options, unset=AWS_ENV)
+    assert rc == 0, (out, err)
+    rc, out, err = run_cli_process(
+        "status", p.records, "--json", "--storage-options", options, unset=AWS_ENV
+    )
+    assert rc == 0, (out, err)
+    assert json.loads(out)["last_batch"] == 4
+    opts_file = tmp_path / "storage.json"
+    opts_file.write_text(options)
+    export_to = s3.uri("exports", "first")
+    rc, out, err = run_cli_process(
+        "snapshots",
+        "export",
+        p.records,
+        "first",
+        "--to",
+        export_to,
+        "--state",
+        "skip",
+        "--storage-options",
+        f"@{opts_file}",
+        unset=AWS_ENV,
+    )
+    assert rc == 0, (out, err)
+    exported = DeltaTable(export_to + "/data", storage_options=s3.options).to_pyarrow_table()
+    assert exported.num_rows == 500
+    # the Python API, in a process of its own: DeltaTable.is_deltatable holds the GIL
+    # while it waits, and this process serves the S3 requests (moto and the proxy)
+    check = (
+        "import json, sys; from pyspark_txn import snapshots; "
+        "r = snapshots.verify(sys.argv[1], 'first', storage_options=json.loads(sys.argv[2])); "
+        "print(json.dumps(r.to_json())); sys.exit(0 if r.ok else 1)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", check, p.records, options], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+
+    copy = str(tmp_path / "copy")
+    pyspark_txn.process_available(
+        spark.readStream.format("txn-delta")
+        .option("storageOptions", options)
+        .load(p.target)
+        .writeStream.format("txn-delta")
+        .option("path", copy)
+        .option("checkpointLocation", str(tmp_path / "chk-copy"))
+    )
+    ids = DeltaTable(copy).to_pyarrow_table().column("id").to_pylist()
+    assert sorted(ids) == list(range(500))
+
+
+def test_cli_without_credentials_or_endpoint_is_one_line_and_exit_2(s3):
+    base = {
+        "AWS_ENDPOINT_URL": s3.proxy.endpoint,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_REGION": "us-east-1",
+    }
+    no_key = base
+    cases = [
+        (no_key, "no usable credentials"),
+        ({**s3.options, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "cannot be reached"),
+    ]
+    for options, problem in cases:
+        rc, out, err = run_cli_process(
+            "status", s3.uri("records"), "--storage-options", json.dumps(options), unset=AWS_ENV
+        )
+        assert rc == 2, (out, err)
+        assert problem in err and err.count("\n") == 1 and "Traceback" not in err, err
+        rc, out, err = run_cli_process(
+            "status",
+            s3.uri("records"),
+            "--json",
+            "--storage-options",
+            json.dumps(options),
+            unset=AWS_ENV,
+        )
+        assert rc == 2 and json.loads(out)["type"] == "StorageError", (out, err)
+
+
+def test_fast_path_hands_spark_the_hadoop_scheme_and_refuses_without_its_filesystem(spark):
+    """Issue 22: the fast path handed Spark 'bucket/...' (Wrong FS: file://bucket/...)."""
+    from pyspark_txn.sinks.fast import spark_uri
+    from pyspark_txn.storage import StorageOptions
+
+    assert spark_uri("/data/t") == "file:///data/t"
+    assert spark_uri("s3://b/t/x") == "s3a://b/t/x"
+    assert spark_uri("gcs://b/t") == "gs://b/t"
+    azure = StorageOptions.parse('{"AZURE_STORAGE_ACCOUNT_NAME": "acct"}')
+    assert spark_uri("az://c/t", storage=azure) == "abfss://c@acct.dfs.core.windows.net/t"
+    with pytest.raises(ConfigError, match="storage account"):
+        spark_uri("az://c/t", storage=StorageOptions())
+    # PySpark's bundled Hadoop has no S3AFileSystem: refused before anything is written
+    with pytest.raises(ConfigError, match="hadoop-aws"):
+        spark_uri("s3://b/t", spark)
+    spark.conf.set("spark.pyspark_txn.sparkScheme.s3", "file")
+    try:
+        assert spark_uri("s3://b/t", spark) == "file://b/t"  # the override is honoured
+    finally:
+        spark.conf.unset("spark.pyspark_txn.sparkScheme.s3")
+
+
+def test_fast_path_on_s3_is_refused_before_the_first_batch_writes(spark, tmp_path, s3):
+    df = (
+        spark.readStream.format("txn-sequence")
+        .option("rowsPerBatch", 10)
+        .option("totalRows", 10)
+        .load()
+    )
+    chk = str(tmp_path / "chk")
+    writer = pyspark_txn.delta_batch_writer(
+        path=s3.uri("fast"), checkpoint=chk, storageOptions=json.dumps(s3.options)
+    )
+    q = df.writeStream.foreachBatch(writer).option("checkpointLocation", chk)
+    with pytest.raises(Exception, match="hadoop-aws"):
+        pyspark_txn.process_available(q)
+    assert s3.keys("fast/") == []
+
+
+def test_fast_path_commit_side_on_s3(spark, tmp_path, s3_apart, monkeypatch):
+    """The fast path after Spark's write, on S3: Spark's S3A cannot run here, so Spark's
+    files are placed where S3A would put them (the s3a:// URI the writer hands Spark,
+    part-NNNNN-<uuid>-c000.snappy.parquet), and the rest runs for real: listing, markers,
+    moves into the table, footers, the record and the Delta commit, over 3 batches.
+    foreachBatch runs in this process: the S3 server runs in another (s3_apart)."""
+    s3 = s3_apart
+    import uuid
+
+    import pyarrow.parquet as pq
+
+    from pyspark_txn.sinks import fast
+    from pyspark_txn.storage import StorageOptions
+
+    # PySpark's Hadoop has no S3AFileSystem (the refusal is tested above)
+    monkeypatch.setattr(fast, "_check_hadoop_filesystem", lambda *a, **k: None)
+    storage = StorageOptions.parse(json.dumps(s3.options))
+    handed: list[str] = []
+
+    class PlacedBySpark(fast.DeltaBatchWriter):
+        def _spark_write(self, df, spark_dir, tagged):
+            handed.append(spark_dir)
+            fs, root = storage.filesystem(spark_dir.replace("s3a://", "s3://", 1))
+            table = df.toArrow()
+            half = table.num_rows // 2
+            for n, part in enumerate((table.slice(0, half), table.slice(half))):
+                with fs.open(f"{root}/part-{n:05d}-{uuid.uuid4()}-c000.snappy.parquet", "wb") as f:
+                    pq.write_table(part, f)
+
+    p = S3Pipeline(spark, tmp_path, s3, total=300, per_batch=100)
+    writer = fast.delta_batch_writer(
+        path=p.target,
+        checkpoint=p.checkpoint,
+        recordTable=p.records,
+        storageOptions=json.dumps(s3.options),
+    )
+    writer.__class__ = PlacedBySpark
+    q = p.source().writeStream.foreachBatch(writer).option("checkpointLocation", p.checkpoint)
+    pyspark_txn.process_available(q)
+    assert handed and all(u.startswith(f"s3a://{s3.bucket}/target/") for u in handed), handed
+    p.assert_exactly_once()
+    p.assert_no_orphans()
+    p.assert_records_consistent()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_outage_and_slow_responses_on_s3_are_exactly_once(spark, tmp_path, s3):
+    """A 30 s outage mid-run and responses held longer than the client's timeout (30 s).
+    object_store gives up on refused connections after ~2 s of retries, so the query
+    may fail during the outage; restarted (as a user or a job scheduler would), it
+    ends exactly once."""
+    import threading
+    import time
+
+    s3.proxy.delay_rate = 0.001
+    s3.proxy.delay_s = 35.0
+    timer = threading.Timer(15.0, s3.proxy.outage, args=(30.0,))
+    timer.start()
+    try:
+        p = S3Pipeline(spark, tmp_path, s3, total=500, per_batch=100)
+        failures = []
+        for _ in range(4):
+            error = p.run()
+            if error is None:
+                break
+            failures.append(error)
+            time.sleep(max(0.0, s3.proxy.outage_until - time.monotonic()))
+        assert error is None, failures
+    finally:
+        timer.cancel()
+        s3.proxy.calm()
+    assert s3.proxy.faults["outage"] > 0, s3.proxy.faults
+    p.assert_exactly_once()
+    p.assert_no_orphans()
+    p.assert_records_consistent()
