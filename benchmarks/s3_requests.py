@@ -334,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for quiet in ("werkzeug", "py4j"):  # one line per request / per callback otherwise
+        logging.getLogger(quiet).setLevel(logging.WARNING)
     import boto3
 
     work = tempfile.mkdtemp(prefix="s3req-")
