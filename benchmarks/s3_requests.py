@@ -354,11 +354,7 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = pyspark_txn.local_session(
         "bench-s3-requests",
-        **{
-            "spark.ui.showConsoleProgress": "false",
-            # tokio (delta-rs, obstore) must not be forked after use: no worker daemon
-            "spark.python.use.daemon": "false",
-        },
+        **{"spark.ui.showConsoleProgress": "false"},
     )
     results = []
     try:
