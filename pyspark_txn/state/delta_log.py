@@ -57,9 +57,9 @@ _CACHES_LOCK = threading.Lock()
 #: Elsewhere a writer stalled for longer than the retention between its read and
 #: its commit could recreate a cleaned-up version that no reader sees: a day.
 LOG_RETENTION_LOCAL = "interval 1 minutes"
-#: Checkpoint period of record tables (Delta's default); compaction comes every
-#: ``compact_every`` versions.
-CHECKPOINT_EVERY = 10
+#: Checkpoint period of record tables on object stores (Delta's default);
+#: compaction comes every ``compact_every`` versions.
+CHECKPOINT_EVERY_REMOTE = 10
 LOG_RETENTION_REMOTE = "interval 1 days"
 
 
@@ -138,10 +138,16 @@ class DeltaEventLog(EventLog):
         }
 
     def _checkpoint_every(self) -> int:
-        """Delta's default 10, or the compaction period if shorter: a table opened from
-        scratch (a new Python worker) then reads at most that many commit files, which
-        on an object store are one GET each."""
-        return min(CHECKPOINT_EVERY, self.compact_every) if self.compact_every > 0 else 0
+        """On an object store Delta's default 10 (or the compaction period if shorter):
+        a table opened from scratch (a new Python worker) then GETs at most that many
+        commit files. On local disk opening is cheap and each checkpoint rewrites the
+        table's state (measured: a record table 2.8x the bytes at 600 batches, no
+        faster): checkpoints come with compaction only."""
+        if self.compact_every <= 0:
+            return 0
+        if _fs.is_local(self.uri):
+            return self.compact_every
+        return min(CHECKPOINT_EVERY_REMOTE, self.compact_every)
 
     def append(self, event: Event) -> None:
         from deltalake import write_deltalake

@@ -198,19 +198,34 @@ def test_a_remote_table_recreated_under_the_same_uri_is_not_mixed(s3, new_count)
     ]
 
 
-def test_the_record_table_gets_a_checkpoint_every_ten_versions(tmp_path):
-    """Compaction comes every 32 versions; checkpoints as Delta's default, so that a new
-    Python worker opening the table reads at most ten commit files."""
+def test_a_remote_record_table_gets_a_checkpoint_every_ten_versions(s3, tmp_path):
+    """Compaction comes every 32 versions; on an object store checkpoints come as
+    Delta's default, so that a new Python worker opening the table GETs at most ten
+    commit files. Readers get every event from the checkpoint alone."""
+    import boto3
     from support import allocated_event
 
     from pyspark_txn.state import DeltaEventLog
 
-    uri = str(tmp_path / "records")
-    log = DeltaEventLog(uri)
+    options, _ = s3
+    uri = "s3://cost/records-ckpt"
+    log = DeltaEventLog(uri, options)
     for seq in range(25):
         log.append(allocated_event(seq, query_id="q"))
-    assert _checkpoints(uri) == [10, 20]
+    bucket = boto3.resource(
+        "s3",
+        endpoint_url=options["AWS_ENDPOINT_URL"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).Bucket("cost")
+    local = tmp_path / "records"
+    for obj in bucket.objects.filter(Prefix="records-ckpt/"):
+        dest = local / obj.key[len("records-ckpt/") :]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        bucket.download_file(obj.key, str(dest))
+    assert _checkpoints(str(local)) == [10, 20]
     copy = str(tmp_path / "copy")
-    assert _from_checkpoint_only(uri, copy) == 20
-    assert [e.seq for e in DeltaEventLog(copy).read("s")] == list(range(25))
+    assert _from_checkpoint_only(str(local), copy) == 20
     assert DeltaTable(copy).transaction_version("s") == 24
+    assert [e.seq for e in DeltaEventLog(copy).read("s")] == list(range(25))
