@@ -395,7 +395,17 @@ def _obstore_fs(
     bucket = rest.split("/", 1)[0]
     root = rest.rstrip("/")
     try:
-        fs = cast(Any, FsspecStore)(protocol, config=config or None, client_options=client or None)
+        fs = cast(Any, FsspecStore)(
+            protocol,
+            config=config or None,
+            client_options=client or None,
+            skip_instance_cache=True,
+        )
+        # Its info() answers from fsspec's listing cache when one is kept: keep none, so a
+        # file written since a listing is never reported as missing or as a folder.
+        from fsspec.dircache import DirCache
+
+        fs.dircache = DirCache(use_listings_cache=False)
         fs._construct_store(bucket)  # build it now: bad options fail here, not mid-batch
     except BaseException as e:  # obstore's pyo3 PanicException is a BaseException
         if isinstance(e, (KeyboardInterrupt, SystemExit)):

@@ -476,7 +476,6 @@ class DeltaTarget(Target):
         )
         if dt is None:
             return 0
-        dt.update_incremental()
         return self._own_commit(dt, record, record.batch_id)
 
     def commit_batch(
@@ -500,7 +499,6 @@ class DeltaTarget(Target):
         )
         if dt is None:
             return 0, False
-        dt.update_incremental()
         return dt.version(), False
 
     def _write_commit(
@@ -583,7 +581,10 @@ class DeltaTarget(Target):
             schema=dt.schema(),
             partition_by=self.partition_by or None,
             commit_properties=props,
+            post_commithook_properties=_NO_HOOKS(),
         )
+        dt.update_incremental()
+        maintain_log(dt, self.uri)
         return dt
 
     def committed_version(self, record: SnapshotRecord) -> int | None:
@@ -635,6 +636,47 @@ class DeltaTarget(Target):
             "another query writes to this table as the same sink id. Give every query its "
             "own sinkId; then abandon this snapshot (`pyspark-txn abandon`) or restore."
         )
+
+
+#: Delta's default ``delta.checkpointInterval`` (delta-rs's own hook uses 100).
+DEFAULT_CHECKPOINT_INTERVAL = 10
+
+
+def _NO_HOOKS():  # noqa: N802 - reads as a constant
+    """delta-rs would checkpoint every 100 versions: :func:`maintain_log` does it as Delta."""
+    from deltalake.transaction import PostCommitHookProperties
+
+    return PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
+
+
+def checkpoint_interval(config: Mapping[str, str]) -> int:
+    """The table's ``delta.checkpointInterval``, Delta's default 10 if unset or invalid."""
+    try:
+        interval = int(config.get("delta.checkpointInterval", DEFAULT_CHECKPOINT_INTERVAL))
+    except (TypeError, ValueError):
+        return DEFAULT_CHECKPOINT_INTERVAL
+    return interval if interval > 0 else DEFAULT_CHECKPOINT_INTERVAL
+
+
+def maintain_log(dt, uri: str) -> None:
+    """After a commit of ours at ``dt.version()``: a checkpoint every
+    ``delta.checkpointInterval`` versions, so that opening the table reads at most
+    that many commit files (without one every open re-reads the whole log: on an
+    object store one GET per commit ever made), and expired log files cleaned up
+    if the table's ``delta.enableExpiredLogCleanup`` allows (its own retention).
+
+    Best effort: the commit has landed; a failure here only costs reads later.
+    """
+    version = dt.version()
+    config = dt.metadata().configuration or {}
+    if version <= 0 or version % checkpoint_interval(config):
+        return
+    try:
+        dt.create_checkpoint()
+        if str(config.get("delta.enableExpiredLogCleanup", "true")).lower() != "false":
+            dt.cleanup_metadata()
+    except Exception as e:
+        log.warning("Delta table %s: checkpoint at version %d failed: %r", uri, version, e)
 
 
 def as_nullable(schema):

@@ -1,0 +1,231 @@
+"""A commit's cost must not grow with the table's history (issue 22, item 4).
+
+The target gets a Delta checkpoint every ``delta.checkpointInterval`` versions
+(Delta's default 10), readers get the same table from the checkpoint as from
+the commits, and the driver's cached tables on an object store (moto's S3
+server on loopback) catch up incrementally but are never mixed with a table
+re-created under the same URI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from pyspark_txn._delta import open_table
+from pyspark_txn.sinks.delta import DeltaSinkOptions
+from pyspark_txn.sinks.delta_target import schema_to_b64
+from pyspark_txn.sinks.staging import stage_partition
+from pyspark_txn.state import SnapshotKind, SnapshotRecord, new_token
+
+SINK = "sink-ckpt"
+SCHEMA = pa.schema([pa.field("id", pa.int64())])
+
+
+def _sink(tmp_path, **options):
+    uri = str(tmp_path / "table")
+    opts = DeltaSinkOptions.parse(
+        {"path": uri, "checkpointLocation": "/unused", "sinkId": SINK, **options}
+    )
+    return uri, opts.staging(), opts.target()
+
+
+def _commit_batches(staging, target, batches, mode):
+    for b in batches:
+        tok = new_token()
+        batch = pa.record_batch([pa.array([b], pa.int64())], schema=SCHEMA)
+        txns = stage_partition([batch], staging, b, tok, 0, SCHEMA)
+        meta = {"arrow_schema": schema_to_b64(SCHEMA), "base_version": target.base_version()}
+        if mode == "light":
+            target.commit_batch(b, txns, None, meta)
+            continue
+        rec = SnapshotRecord(
+            sink_id=SINK,
+            snapshot_id=b,
+            batch_id=b,
+            epoch=1,
+            kind=SnapshotKind.AUTOMATIC,
+            txns=tuple(txns),
+            target=meta,
+            token=tok,
+        )
+        target.commit(rec)
+
+
+def _checkpoints(uri):
+    log_dir = os.path.join(uri, "_delta_log")
+    return sorted(int(name.split(".")[0]) for name in os.listdir(log_dir) if ".checkpoint." in name)
+
+
+def _from_checkpoint_only(uri, dest):
+    """A copy of the table whose log starts at its last checkpoint: what a reader sees
+    once older commits are cleaned up."""
+    shutil.copytree(uri, dest)
+    with open(os.path.join(dest, "_delta_log", "_last_checkpoint")) as f:
+        last = json.load(f)["version"]
+    for name in os.listdir(os.path.join(dest, "_delta_log")):
+        if name.endswith(".json") and int(name.split(".")[0]) <= last:
+            os.remove(os.path.join(dest, "_delta_log", name))
+    return last
+
+
+@pytest.mark.parametrize(
+    ("options", "mode", "expected"),
+    [
+        ({}, "snapshots", [10, 20]),
+        ({"delta.checkpointInterval": "4"}, "light", [4, 8, 12, 16, 20, 24]),
+    ],
+    ids=["default-10", "interval-4-light"],
+)
+def test_the_target_gets_a_checkpoint_every_interval(tmp_path, options, mode, expected):
+    uri, staging, target = _sink(tmp_path, **options)
+    _commit_batches(staging, target, range(25), mode)
+    assert _checkpoints(uri) == expected
+    with open(os.path.join(uri, "_delta_log", "_last_checkpoint")) as f:
+        assert json.load(f)["version"] == expected[-1]
+    # Readers get every row and the sink's app transaction from the checkpoint alone.
+    for where in (uri, str(tmp_path / "copy")):
+        if where != uri:
+            assert _from_checkpoint_only(uri, where) == expected[-1]
+        dt = DeltaTable(where)
+        assert dt.version() == 24
+        assert dt.transaction_version(SINK) == 24
+        assert sorted(dt.to_pyarrow_table().column("id").to_pylist()) == list(range(25))
+    # ... and the sink's replay of a committed batch is still a no-op there.
+    _, staging2, target2 = _sink(tmp_path, **options)
+    target2.uri = str(tmp_path / "copy")
+    assert target2.committed_batch(SINK) == 24
+
+
+def test_a_table_that_says_no_log_cleanup_keeps_its_log(tmp_path):
+    uri, staging, target = _sink(
+        tmp_path,
+        **{
+            "delta.checkpointInterval": "2",
+            "delta.logRetentionDuration": "interval 0 seconds",
+            "delta.enableExpiredLogCleanup": "false",
+        },
+    )
+    _commit_batches(staging, target, range(7), "light")
+    assert _checkpoints(uri) == [2, 4, 6]
+    commits = [n for n in os.listdir(os.path.join(uri, "_delta_log")) if n.endswith(".json")]
+    assert len(commits) == 7
+
+
+def test_expired_log_entries_go_as_the_tables_retention_says(tmp_path):
+    uri, staging, target = _sink(
+        tmp_path,
+        **{"delta.checkpointInterval": "2", "delta.logRetentionDuration": "interval 0 seconds"},
+    )
+    _commit_batches(staging, target, range(7), "light")
+    commits = sorted(
+        int(n.split(".")[0])
+        for n in os.listdir(os.path.join(uri, "_delta_log"))
+        if n.endswith(".json")
+    )
+    assert commits[0] > 0 and commits[-1] == 6
+    dt = DeltaTable(uri)
+    assert dt.transaction_version(SINK) == 6
+    assert sorted(dt.to_pyarrow_table().column("id").to_pylist()) == list(range(7))
+
+
+# --- the driver's cache on an object store ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server on loopback: (delta-rs storage options, a bucket-emptying helper)."""
+    boto3 = pytest.importorskip("boto3")
+    server_mod = pytest.importorskip("moto.server")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    kw = {
+        "endpoint_url": endpoint,
+        "aws_access_key_id": "testing",
+        "aws_secret_access_key": "testing",
+        "region_name": "us-east-1",
+    }
+    bucket = boto3.resource("s3", **kw).Bucket("cost")
+    bucket.create()
+    options = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+    }
+
+    def delete(prefix):
+        bucket.objects.filter(Prefix=prefix + "/").delete()
+
+    yield options, delete
+    server.stop()
+
+
+def test_a_remote_table_is_cached_and_caught_up(s3):
+    options, _ = s3
+    uri = "s3://cost/cached"
+    write_deltalake(uri, pa.table({"a": [1]}), storage_options=options)
+    first = open_table(uri, options)
+    write_deltalake(uri, pa.table({"a": [2]}), storage_options=options, mode="append")
+    again = open_table(uri, options)
+    assert again is first and again.version() == 1
+    assert sorted(pa.table(again.to_pyarrow_table())["a"].to_pylist()) == [1, 2]
+
+
+@pytest.mark.parametrize("new_count", [1, 2, 4], ids=["fewer", "same", "more"])
+def test_a_remote_table_recreated_under_the_same_uri_is_not_mixed(s3, new_count):
+    options, delete = s3
+    uri = f"s3://cost/recreated-{new_count}"
+    write_deltalake(uri, pa.table({"a": [1]}), storage_options=options)
+    write_deltalake(uri, pa.table({"a": [2]}), storage_options=options, mode="append")
+    assert open_table(uri, options).version() == 1
+    delete(uri[len("s3://cost/") :])
+    for i in range(new_count):
+        write_deltalake(uri, pa.table({"b": [f"x{i}"]}), storage_options=options, mode="append")
+    dt = open_table(uri, options)
+    assert dt.version() == new_count - 1
+    assert pa.schema(dt.schema().to_arrow()).names == ["b"]
+    assert sorted(pa.table(dt.to_pyarrow_table())["b"].to_pylist()) == [
+        f"x{i}" for i in range(new_count)
+    ]
+
+
+def test_a_remote_record_table_gets_a_checkpoint_every_ten_versions(s3, tmp_path):
+    """Compaction comes every 32 versions; on an object store checkpoints come as
+    Delta's default, so that a new Python worker opening the table GETs at most ten
+    commit files. Readers get every event from the checkpoint alone."""
+    import boto3
+    from support import allocated_event
+
+    from pyspark_txn.state import DeltaEventLog
+
+    options, _ = s3
+    uri = "s3://cost/records-ckpt"
+    log = DeltaEventLog(uri, options)
+    for seq in range(25):
+        log.append(allocated_event(seq, query_id="q"))
+    bucket = boto3.resource(
+        "s3",
+        endpoint_url=options["AWS_ENDPOINT_URL"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).Bucket("cost")
+    local = tmp_path / "records"
+    for obj in bucket.objects.filter(Prefix="records-ckpt/"):
+        dest = local / obj.key[len("records-ckpt/") :]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        bucket.download_file(obj.key, str(dest))
+    assert _checkpoints(str(local)) == [10, 20]
+    copy = str(tmp_path / "copy")
+    assert _from_checkpoint_only(str(local), copy) == 20
+    assert DeltaTable(copy).transaction_version("s") == 24
+    assert [e.seq for e in DeltaEventLog(copy).read("s")] == list(range(25))
