@@ -150,11 +150,16 @@ def test_staged_attempts_discard_and_keep(stager):
 
 
 def test_same_snapshot_id_other_token_is_another_attempt(stager):
+    """Discarding one attempt of an id removes its data and leaves the other token's."""
     t1, t2 = new_token(), new_token()
-    stager.stage(3, t1, [1])
+    h1 = stager.stage(3, t1, [1])
     h2 = stager.stage(3, t2, [2])
     stager.target.discard(3, t1)
+    with pytest.raises(CorruptSnapshotError):  # the discarded attempt's data is gone
+        stager.target.verify_staged(3, t1, h1)
     stager.target.verify_staged(3, t2, h2)
+    stager.target.commit(stager.record(3, t2, 0, h2))
+    assert stager.rows() == [2]
 
 
 def test_the_committers_messages_speak_the_targets_terms(stager, caplog):
