@@ -131,6 +131,7 @@ def test_a_commit_of_another_sink_with_the_same_id_is_not_taken_for_ours(stager)
     with pytest.raises(CheckpointMismatchError):
         stager.target.commit(ours)
     assert stager.rows() == [1]
+    stager.target.discard(0, t2)  # the refused attempt is withdrawn (Spark's abort does)
 
 
 def test_staged_attempts_discard_and_keep(stager):
@@ -147,6 +148,7 @@ def test_staged_attempts_discard_and_keep(stager):
     assert stager.target.staged_attempts() == {(5, t1)}
     stager.target.discard(6, t2)  # idempotent
     stager.target.forget(6, t2)
+    stager.target.discard(5, t1)  # the kept part too: nothing is left staged
 
 
 def test_same_snapshot_id_other_token_is_another_attempt(stager):
@@ -211,6 +213,7 @@ def test_abandon_refusal_of_a_staged_record(stager):
     assert "all 2 of its prepared transactions are still prepared" in refusal
     stager.target.discard(0, tok, keep=[txns[0].handle])  # one rolled back behind its back
     assert stager.target.abandon_refusal(rec) is None
+    stager.target.discard(0, tok)  # nothing left prepared
 
 
 # --- the Delta target's checks before the record ---------------------------------------
