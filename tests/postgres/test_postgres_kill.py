@@ -48,7 +48,7 @@ def kill_mid_batches_then_finish(tmp_path, pg, runs: int, total: int, seed: str)
 
 def test_one_kill_9_mid_batch_is_exactly_once(tmp_path, pg):
     """The bounded variant: one kill inside a batch."""
-    kill_mid_batches_then_finish(tmp_path, pg, runs=1, total=8000, seed="3")
+    kill_mid_batches_then_finish(tmp_path, pg, runs=1, total=5000, seed="3")
 
 
 @pytest.mark.slow
