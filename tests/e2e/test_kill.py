@@ -1,6 +1,7 @@
 """kill -9 of the whole driver (Python, JVM and workers) in the middle of batches.
 
-CI runs a bounded number of kills (``PYSPARK_TXN_KILL_RUNS``, default 3);
+CI runs a bounded number of kills (``PYSPARK_TXN_KILL_RUNS``, default 2; light
+mode one);
 offline, set it to 1000. Every run: start the driver, let it commit a few
 batches (Spark's commit log shows them), kill its whole process group while a
 batch runs, repeat, then run to the end and check every row.
@@ -27,7 +28,7 @@ from processes import (
 pytestmark = [pytest.mark.spark, pytest.mark.chaos]
 
 DRIVER = str(Path(__file__).with_name("driver.py"))
-KILL_RUNS = int(os.environ.get("PYSPARK_TXN_KILL_RUNS", "3"))
+KILL_RUNS = int(os.environ.get("PYSPARK_TXN_KILL_RUNS", "2"))
 
 
 _LOGS = itertools.count()
@@ -48,7 +49,7 @@ def kill_mid_batches(
     tmp_path, seed: str, *flags: str, runs: int | None = None, total: int = 20_000
 ) -> tuple[int, int]:
     """Start the driver ``runs`` times (default ``KILL_RUNS``); kill -9 each after it
-    committed 1-3 more batches (seen in Spark's commit log) while a batch runs, then run
+    committed 1-2 more batches (seen in Spark's commit log) while a batch runs, then run
     it to the end; return (total, per_batch) for the checks. Every kill must hit a
     running batch: one landing before the first commit or between batches proves less."""
     rng = random.Random(int(os.environ.get("PYSPARK_TXN_KILL_SEED", seed)))
@@ -57,9 +58,9 @@ def kill_mid_batches(
     hit = []
     for _ in range(runs):
         proc = start_driver(tmp_path, total, per_batch, *flags)
-        hit.append(kill_mid_batch(proc, tmp_path / "chk", rng.randint(1, 3), rng))
+        hit.append(kill_mid_batch(proc, tmp_path / "chk", rng.randint(1, 2), rng))
     # each kill hit the batch after the last one Spark finished, and each run moved on
-    assert len(hit) == runs and hit == sorted(set(hit)), f"batches the kills hit: {hit}"
+    assert None not in hit and hit == sorted(set(hit)), f"batches the kills hit: {hit}"
     final = start_driver(tmp_path, total, per_batch, *flags)
     final.wait(timeout=600)
     assert final.returncode == 0, output(final)[-3000:]
@@ -70,7 +71,8 @@ def kill_mid_batches(
 def test_kill_9_at_random_moments_is_exactly_once(tmp_path, mode):
     """Light mode too: with a replayable source its app transaction alone keeps every
     row once (it keeps no records, so only the table is checked)."""
-    total, per_batch = kill_mid_batches(tmp_path, "7", "--option", f"mode={mode}")
+    runs = 1 if mode == "light" else None  # every driver start costs ~0.5-1.5 min in CI
+    total, per_batch = kill_mid_batches(tmp_path, "7", "--option", f"mode={mode}", runs=runs)
     runner = PipelineRunner(None, tmp_path, total=total, per_batch=per_batch)
     runner.assert_exactly_once()
     if mode == "snapshots":  # light mode leaves a killed attempt's files to VACUUM

@@ -36,7 +36,7 @@ def kill_mid_batches_then_finish(tmp_path, pg, runs: int, total: int, seed: str)
     for _ in range(runs):  # each run commits 1-3 more batches, then dies inside one
         proc = start_driver(tmp_path, server.url, table, total, per_batch)
         hit.append(kill_mid_batch(proc, tmp_path / "chk", rng.randint(1, 3), rng))
-    assert len(hit) == runs and hit == sorted(set(hit)), f"batches the kills hit: {hit}"
+    assert None not in hit and hit == sorted(set(hit)), f"batches the kills hit: {hit}"
     final = start_driver(tmp_path, server.url, table, total, per_batch)
     final.wait(timeout=900)
     assert final.returncode == 0, final.log_path.read_text(errors="replace")[-3000:]

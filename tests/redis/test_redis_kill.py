@@ -44,7 +44,7 @@ def test_kill_9_of_the_driver_mid_batch(redis_server, redis_db, tmp_path):
         proc = start_driver(tmp_path, redis_server.url, 100)
         hit.append(kill_mid_batch(proc, tmp_path / "chk", rng.randint(1, 3), rng))
         sent |= produce(redis_db, "orders", 300, start=3000 + 300 * k)
-    assert len(hit) == KILL_RUNS and hit == sorted(set(hit)), f"batches the kills hit: {hit}"
+    assert None not in hit and hit == sorted(set(hit)), f"batches the kills hit: {hit}"
     final = start_driver(tmp_path, redis_server.url, 100)
     final.wait(timeout=600)
     assert final.returncode == 0, final.log_path.read_text(errors="replace")[-3000:]
