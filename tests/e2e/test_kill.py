@@ -68,7 +68,7 @@ def kill_mid_batches(
 
 
 @pytest.mark.parametrize("mode", ["snapshots", "light"])
-def test_kill_9_at_random_moments_is_exactly_once(tmp_path, mode):
+def test_kill_9_mid_batches_is_exactly_once(tmp_path, mode):
     """Light mode too: with a replayable source its app transaction alone keeps every
     row once (it keeps no records, so only the table is checked)."""
     runs = 1 if mode == "light" else None  # every driver start costs ~0.5-1.5 min in CI
