@@ -7,6 +7,10 @@ the current Python process with ``os._exit`` (a crash: no cleanup runs);
 ``raise`` raises :class:`InjectedFault`; ``disconnect`` (only at ``mid_phase2``)
 makes the PostgreSQL target lose its connection there, so the next
 ``COMMIT PREPARED`` meets a dead session. Never set it in production.
+
+With the environment variable ``PYSPARK_TXN_FAULT_LOG`` set to a file path, every
+rule that fires first appends a line to that file (fsynced before an ``exit``), so
+a test can prove that its fault fired, not merely that the query failed.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ POINTS = (
 ACTIONS = ("raise", "exit", "disconnect")
 DISCONNECT_POINTS = ("mid_phase2",)  # where a target acts on ``disconnect``
 EXIT_CODE = 86
+FAULT_LOG_ENV = "PYSPARK_TXN_FAULT_LOG"
 
 
 class InjectedFault(TxnError):
@@ -108,12 +113,33 @@ class FaultPlan:
         for rule in self.rules:
             if rule.matches(point, batch, snapshot, partition):
                 log.error("fault injection: %s at %s (batch %s)", rule.action, point, batch)
+                _note_fired(rule, point, batch, snapshot, partition)
                 if rule.action == "exit":
                     os._exit(EXIT_CODE)
                 if rule.action == "disconnect":
                     return True
                 raise InjectedFault(f"injected fault at {point} (batch {batch})")
         return False
+
+
+def _note_fired(
+    rule: FaultRule, point: str, batch: int | None, snapshot: int | None, partition: int | None
+) -> None:
+    """Append ``point:action batch=B snapshot=S partition=P pid=N`` to the fault log, if
+    one is set (tests read it to see which faults fired, in any process)."""
+    path = os.environ.get(FAULT_LOG_ENV)
+    if not path:
+        return
+    line = (
+        f"{point}:{rule.action} batch={batch} snapshot={snapshot} partition={partition} "
+        f"pid={os.getpid()}\n"
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 NO_FAULTS = FaultPlan()

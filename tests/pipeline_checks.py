@@ -16,6 +16,45 @@ from pyspark_txn.sources.sequence import expected_rows
 from pyspark_txn.state import DeltaEventLog, RecordStore, check_invariants
 
 
+class FiredFaults:
+    """The faults fired since this object was made, in any process (the lines that
+    ``pyspark_txn.faults`` appends to ``$PYSPARK_TXN_FAULT_LOG``; tests/conftest.py sets it)."""
+
+    def __init__(self) -> None:
+        self.path = Path(os.environ["PYSPARK_TXN_FAULT_LOG"])
+        self.offset = self.path.stat().st_size if self.path.exists() else 0
+
+    def lines(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            return f.read().decode().splitlines()
+
+    def fired(self, rule: str) -> list[str]:
+        """The lines of ``rule`` (``point:action[@batch=N][@snapshot=S][@partition=P]``)."""
+        head, *conds = rule.split("@")
+        return [
+            line
+            for line in self.lines()
+            if line.split()[0] == head and all(c in line.split()[1:] for c in conds)
+        ]
+
+    def assert_fired(self, rule: str) -> None:
+        assert self.fired(rule), f"{rule} never fired (fired: {self.lines()})"
+
+
+def await_end(query, timeout_s: float = 300) -> None:
+    """Wait for an ``availableNow`` query to end. PySpark's ``awaitTermination(timeout)``
+    returns False when the time runs out: that is a hang, so the query is stopped and the
+    test fails (a query's own failure raises as usual)."""
+    if not query.awaitTermination(timeout_s):
+        query.stop()
+        import pytest
+
+        pytest.fail(f"the query did not end within {timeout_s} s (stopped)", pytrace=False)
+
+
 def run_to_end(writer):
     """Start ``writer``, process everything available, stop; the query (see
     :func:`pyspark_txn.process_available`: ``availableNow`` where it drains a Python source)."""

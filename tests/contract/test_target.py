@@ -131,6 +131,7 @@ def test_a_commit_of_another_sink_with_the_same_id_is_not_taken_for_ours(stager)
     with pytest.raises(CheckpointMismatchError):
         stager.target.commit(ours)
     assert stager.rows() == [1]
+    stager.target.discard(0, t2)  # the refused attempt is withdrawn (Spark's abort does)
 
 
 def test_staged_attempts_discard_and_keep(stager):
@@ -147,14 +148,20 @@ def test_staged_attempts_discard_and_keep(stager):
     assert stager.target.staged_attempts() == {(5, t1)}
     stager.target.discard(6, t2)  # idempotent
     stager.target.forget(6, t2)
+    stager.target.discard(5, t1)  # the kept part too: nothing is left staged
 
 
 def test_same_snapshot_id_other_token_is_another_attempt(stager):
+    """Discarding one attempt of an id removes its data and leaves the other token's."""
     t1, t2 = new_token(), new_token()
-    stager.stage(3, t1, [1])
+    h1 = stager.stage(3, t1, [1])
     h2 = stager.stage(3, t2, [2])
     stager.target.discard(3, t1)
+    with pytest.raises(CorruptSnapshotError):  # the discarded attempt's data is gone
+        stager.target.verify_staged(3, t1, h1)
     stager.target.verify_staged(3, t2, h2)
+    stager.target.commit(stager.record(3, t2, 0, h2))
+    assert stager.rows() == [2]
 
 
 def test_the_committers_messages_speak_the_targets_terms(stager, caplog):
@@ -206,6 +213,7 @@ def test_abandon_refusal_of_a_staged_record(stager):
     assert "all 2 of its prepared transactions are still prepared" in refusal
     stager.target.discard(0, tok, keep=[txns[0].handle])  # one rolled back behind its back
     assert stager.target.abandon_refusal(rec) is None
+    stager.target.discard(0, tok)  # nothing left prepared
 
 
 # --- the Delta target's checks before the record ---------------------------------------

@@ -1,18 +1,14 @@
 """The fast path with its driver killed: ``exit`` faults at every protocol step (the
 callback runs in the driver, so ``os._exit`` kills the whole Python driver, and
-the JVM with it), kill -9 of the process group at random moments, and a second
-driver on the same checkpoint fencing the first. Every row is counted after.
+the JVM with it), kill -9 of the process group in the middle of batches, and a
+stalled driver fenced by a newer one on the same checkpoint. Every row is
+counted after.
 """
 
 import pytest
 from pipeline_checks import PipelineRunner
 from processes import kill_group
-from test_kill import (
-    kill_at_random_moments,
-    output,
-    second_driver_fences_the_first,
-    start_driver,
-)
+from test_kill import a_stalled_driver_is_fenced, kill_mid_batches, output, start_driver
 
 pytestmark = [pytest.mark.spark]
 
@@ -46,13 +42,14 @@ def _check(base, total=TOTAL, per_batch=PER_BATCH, partitioned=False):
         pytest.param("after_commit:exit@batch=3", False, marks=pytest.mark.slow),
     ],
 )
-def test_driver_exit_at_a_protocol_step_then_restart(tmp_path, fault, partitioned):
+def test_driver_exit_at_a_protocol_step_then_restart(tmp_path, fired_faults, fault, partitioned):
     layout = PARTITIONED if partitioned else ()
     crashed = start_driver(
         tmp_path, TOTAL, PER_BATCH, "--fast", *layout, "--option", f"faultInjection={fault}"
     )
     crashed.wait(timeout=300)
     assert crashed.returncode == 86, output(crashed)[-3000:]  # faults.EXIT_CODE
+    fired_faults.assert_fired(fault)
     kill_group(crashed)  # the JVM of the dead driver, if it lingers
     final = start_driver(tmp_path, TOTAL, PER_BATCH, "--fast", *layout)
     final.wait(timeout=300)
@@ -60,13 +57,19 @@ def test_driver_exit_at_a_protocol_step_then_restart(tmp_path, fault, partitione
     _check(tmp_path, partitioned=partitioned)
 
 
-@pytest.mark.slow
 @pytest.mark.chaos
-def test_kill_9_at_random_moments_is_exactly_once(tmp_path):
-    total, per_batch = kill_at_random_moments(tmp_path, "11", "--fast")
+def test_one_kill_9_mid_batch_is_exactly_once(tmp_path):
+    """The bounded variant of the next test: one kill, mid-batch."""
+    total, per_batch = kill_mid_batches(tmp_path, "5", "--fast", runs=1, total=8000)
     _check(tmp_path, total, per_batch)
 
 
 @pytest.mark.slow
-def test_second_driver_fences_the_first(tmp_path):
-    second_driver_fences_the_first(tmp_path, "--fast")
+@pytest.mark.chaos
+def test_kill_9_mid_batches_is_exactly_once(tmp_path):
+    total, per_batch = kill_mid_batches(tmp_path, "11", "--fast")
+    _check(tmp_path, total, per_batch)
+
+
+def test_a_stalled_driver_is_fenced_by_a_newer_run(tmp_path):
+    a_stalled_driver_is_fenced(tmp_path, "--fast")

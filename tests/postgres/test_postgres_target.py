@@ -165,6 +165,8 @@ def test_a_prepared_transaction_rolled_back_behind_the_sinks_back_is_named(pg, t
         sink.committer.commit(0, sid, tok, txns, run_id="r1", query_id="q", target_meta={})
     assert sink.rows() == []  # nothing of the batch, and no record was written
     assert sink.committer.load().records == {}
+    sink.committer.abort(sid, tok)  # what Spark does next: the surviving txn goes too
+    assert sink.prepared() == []
 
 
 def test_prepared_transactions_survive_a_server_restart(pg, tmp_path):
@@ -252,6 +254,8 @@ def test_duplicate_keys_in_two_partitions_fail_with_a_message(pg, tmp_path):
     sid, tok = sink.committer.allocate()
     with pytest.raises(ConfigError, match="repartition the stream by keyColumns"):
         sink.stage(sid, tok, [rows_of([1]), rows_of([1])])
+    sink.committer.abort(sid, tok)  # Spark's abort of the failed job: partition 0's txn
+    assert sink.prepared() == []
 
 
 def test_committed_batch_comes_from_the_database_and_other_records_are_refused(pg, tmp_path):

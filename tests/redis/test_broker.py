@@ -141,9 +141,36 @@ def test_available_now_stops_at_what_existed(redis_server, redis_db, tmp_path):
     assert b.claim(3, 0) == []  # then the stream counts as drained
 
 
+def _blocked_clients(r) -> list[dict]:
+    """The clients blocked in a command (CLIENT LIST flag ``b``), e.g. XREADGROUP BLOCK."""
+    return [c for c in r.client_list() if "b" in c["flags"]]
+
+
 def test_blocking_claim_waits_for_new_messages(redis_server, redis_db, tmp_path):
-    b = opened(options(redis_server, tmp_path, blockMs="200"))
-    assert b.claim(5, 200) == []  # waited ~0.2 s, nothing came
+    """The claim blocks in Redis (seen in CLIENT LIST) until a message comes, then claims it;
+    with nothing coming it returns empty when its block time is over."""
+    import threading
+    import time
+
+    b = opened(options(redis_server, tmp_path, blockMs="30000"))
+    seen_blocked: list[dict] = []
+    added: list[str] = []
+
+    def producer():
+        deadline = time.monotonic() + 25  # a guard: the claim's own block time is 30 s
+        while not seen_blocked and time.monotonic() < deadline:
+            seen_blocked.extend(_blocked_clients(redis_db))
+            time.sleep(0.02)
+        added.append(redis_db.xadd("s", {"k": "late"}).decode())
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    got = b.claim(5, 30000)
+    thread.join()
+    assert seen_blocked and seen_blocked[0]["cmd"] == "xreadgroup", seen_blocked
+    assert got == [f"s/{added[0]}"]  # the message that came while the claim was blocked
+    assert _blocked_clients(redis_db) == []
+    assert b.claim(5, 200) == []  # nothing comes: the block time ends it, empty
 
 
 def test_idle_messages_of_other_consumers_are_reclaimed(redis_server, redis_db, tmp_path):

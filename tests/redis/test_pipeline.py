@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+from pipeline_checks import PipelineRunner, await_end
 
 from pyspark_txn.state import DeltaEventLog, RecordStore
 
@@ -59,13 +60,19 @@ class RedisPipeline:
             w = w.option(k, v)
         q = w.trigger(availableNow=True).start()
         try:
-            q.awaitTermination(120)
+            await_end(q, 180)  # a hang fails the test (pytest's Failed is no Exception)
         except Exception as e:
             return e
         return None
 
     def rows(self) -> list[dict]:
         return DeltaTable(self.target).to_pyarrow_table().to_pylist()
+
+    def sink_checks(self) -> PipelineRunner:
+        """The txn-delta sink's checks (same target and checkpoint layout)."""
+        runner = PipelineRunner(None, Path(self.target).parent)
+        assert runner.target == self.target and runner.checkpoint == self.checkpoint
+        return runner
 
     def claim_state(self):
         store = RecordStore(DeltaEventLog(os.path.join(self.checkpoint, "pyspark_txn", "claims")))
@@ -81,7 +88,10 @@ def produce(r, stream: str, n: int, start: int = 0) -> dict[tuple[str, str], dic
 
 
 def rows_once(p: RedisPipeline, sent: dict) -> dict[tuple[str, str], dict]:
-    """The target's rows by (stream, id), after checking each sent message is there once."""
+    """The target's rows by (stream, id), after checking each sent message is there once
+    and the Delta sink's own checks: no orphan or staged file left, the record table
+    consistent with the table."""
+    assert_sink_consistent(p)
     rows = p.rows()
     keys = [(row["stream"], row["id"]) for row in rows]
     assert len(keys) == len(set(keys)), "a message is in the target twice"
@@ -94,6 +104,12 @@ def rows_once(p: RedisPipeline, sent: dict) -> dict[tuple[str, str], dict]:
 def assert_exactly_once(p: RedisPipeline, sent: dict) -> None:
     for key, row in rows_once(p, sent).items():
         assert dict(row["fields"]) == sent[key]
+
+
+def assert_sink_consistent(p: RedisPipeline) -> None:
+    sink = p.sink_checks()
+    sink.assert_no_orphans()
+    sink.assert_records_consistent()
 
 
 def assert_all_acked(p: RedisPipeline, r) -> None:
@@ -229,7 +245,7 @@ def test_two_readers_with_one_group_name_on_other_streams_keep_apart(
         .trigger(availableNow=True)
         .start()
     )
-    q.awaitTermination(120)
+    await_end(q, 180)
     assert_exactly_once(a, sent)
     assert_all_acked(a, redis_db)
     assert_all_acked(b, redis_db)

@@ -3,7 +3,8 @@
 Each run fails the pipeline at one step of the source's claim/ack protocol or of
 the sink's two-phase commit, restarts it (with more messages produced in
 between), and counts every message: each exactly once in the target, the
-group's pending list empty, every claim in the claim log acknowledged.
+group's pending list empty, every claim in the claim log acknowledged, and
+the Delta sink's checks (no orphan or staged file, records consistent).
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ FAULTS = [
 
 @pytest.mark.parametrize("rule", [f for f, _ in FAULTS], ids=[f for f, _ in FAULTS])
 def test_a_failure_at_each_step_loses_and_duplicates_nothing(
-    spark, redis_server, redis_db, tmp_path, rule
+    spark, redis_server, redis_db, tmp_path, fired_faults, rule
 ):
     p = RedisPipeline(spark, redis_server.url, tmp_path, streams=("orders", "refunds"))
     sent = produce(redis_db, "orders", 20) | produce(redis_db, "refunds", 10)
     failure = p.run(faults=rule, faultInjection=rule)  # the sink's and the source's
     assert failure is not None, f"{rule} never fired"
+    fired_faults.assert_fired(rule)  # this fault failed the query, not another failure
     point, _, action = rule.partition("@")[0].partition(":")
     if action == "raise":
         assert f"injected fault at {point}" in str(failure), str(failure)[:3000]

@@ -26,16 +26,19 @@ CASES = [
 
 
 @pytest.mark.parametrize("fault", CASES)
-def test_crash_then_restart_is_exactly_once(pipeline, fault):
+def test_crash_then_restart_is_exactly_once(pipeline, fired_faults, fault):
     failure = pipeline.run(fault)
     assert failure is not None, "the injected fault must fail the query"
+    fired_faults.assert_fired(fault)  # this fault failed it, not another failure
+    if ":raise" in fault:
+        assert f"injected fault at {fault.partition(':')[0]}" in str(failure), str(failure)[:3000]
     assert pipeline.run() is None
     pipeline.assert_exactly_once()
     pipeline.assert_no_orphans()
     pipeline.assert_records_consistent()
 
 
-def test_a_crash_at_every_step_in_one_pipeline(pipeline):
+def test_a_crash_at_every_step_in_one_pipeline(pipeline, fired_faults):
     pipeline.total, pipeline.per_batch = 6000, 1000
     for fault in [
         "after_record:exit@batch=0",
@@ -45,6 +48,7 @@ def test_a_crash_at_every_step_in_one_pipeline(pipeline):
         "after_commit:exit@batch=4",
     ]:
         assert pipeline.run(fault) is not None, fault
+        fired_faults.assert_fired(fault)
     assert pipeline.run() is None
     pipeline.assert_exactly_once()
     pipeline.assert_no_orphans()

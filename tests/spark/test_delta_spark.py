@@ -1,4 +1,6 @@
-"""Our target and record tables read by Delta's own Spark connector (delta-spark).
+"""OPTIONAL CHECK: our target and record tables read by Delta's own Spark connector
+(delta-spark). It is skipped on this project's machines and in CI (no jars); the
+readers that always run are delta-rs (every test) and DuckDB (test_duckdb_read.py).
 
 Delta's JVM jars come from Maven Central, which this project's machines cannot
 reach, so the test runs where the jars are on disk: ``DELTA_SPARK_JARS`` (a
@@ -43,10 +45,10 @@ JARS = _delta_jars()
 
 @pytest.mark.skipif(
     not JARS,
-    reason="delta-spark's jars are not on this machine (Maven Central is unreachable "
+    reason="optional check: delta-spark's jars are not on this machine (Maven Central is unreachable "
     "here); set DELTA_SPARK_JARS=/path/delta-spark_2.13-X.jar,/path/delta-storage-X.jar",
 )
-def test_delta_spark_reads_our_target_and_record_tables(tmp_path: Path):
+def test_optional_delta_spark_reads_our_target_and_record_tables(tmp_path: Path):
     target, chk = tmp_path / "target", tmp_path / "chk"
     script = textwrap.dedent(
         f"""

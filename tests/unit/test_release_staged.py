@@ -1,6 +1,7 @@
 """``TwoPhaseCommitter.release_staged``: what the planner of a lock-holding target
 (PostgreSQL) runs before phase 1, over the in-memory target."""
 
+import pytest
 from support import MemoryTarget
 
 from pyspark_txn.faults import FaultPlan, InjectedFault
@@ -22,10 +23,10 @@ def test_release_commits_safe_records_and_withdraws_open_attempts():
     crashing = committer_over(store, target, "after_record:raise@batch=0")
     recorded = crashing.allocate()
     target.stage(*recorded, "rec", [1, 2])
-    try:
+    with pytest.raises(InjectedFault, match="injected fault at after_record"):
         crashing.commit(0, *recorded, [TxnHandle(0, "rec", 2, 1, "c")], run_id="r1", query_id="q")
-    except InjectedFault:
-        pass
+    assert 0 in {r.batch_id for r in crashing.load().records.values()}  # recorded, not committed
+    assert target.rows == []
     orphan = crashing.allocate()  # the next batch staged, then the driver died
     target.stage(*orphan, "orphan", [99])
     planner = committer_over(store, target)
