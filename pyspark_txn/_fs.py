@@ -31,6 +31,34 @@ def resolved(uri: str) -> str:
     return os.path.realpath(uri) if is_local(uri) else uri.rstrip("/")
 
 
+# Schemes that name the same store (Hadoop's and delta-rs' spellings): compared as one.
+_SAME_STORE = {
+    "s3a": "s3",
+    "s3n": "s3",
+    "gcs": "gs",
+    "abfs": "az",
+    "abfss": "az",
+    "adl": "az",
+    "azure": "az",
+    "wasb": "az",
+    "wasbs": "az",
+}
+
+
+def location_key(uri: str) -> str:
+    """``uri`` for asking whether two locations are the same place or nest: local paths
+    with every symlink resolved; object-store aliases (``s3a://`` for ``s3://``,
+    ``abfss://c@account.dfs.core.windows.net/p`` for ``az://c/p``) in one spelling."""
+    if is_local(uri):
+        return os.path.realpath(uri)
+    scheme, rest = uri.split("://", 1)
+    scheme = _SAME_STORE.get(scheme.lower(), scheme.lower())
+    if scheme == "az":
+        host, _, path = rest.partition("/")
+        rest = host.split("@", 1)[0] + ("/" + path if path else "")
+    return f"{scheme}://{rest.rstrip('/')}"
+
+
 def join(uri: str, *parts: str) -> str:
     return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
 

@@ -18,12 +18,13 @@ before the first one. Library code logs, it never prints.
 
 from __future__ import annotations
 
+import functools
 import logging
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar, cast
 from urllib.parse import unquote
 
 from . import _fs, storage
@@ -276,6 +277,24 @@ class SinkHandle:
     def load(self) -> SinkState:
         """The sink's state: a fold over its events (every invariant checked)."""
         return self.record_store().load_sink(self.sink_id)
+
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _in_handle_storage(func: F) -> F:
+    """Run ``func(handle, ...)`` with the handle's storage options in effect, so every
+    nested read (folder sizes, staged files, checkpoints) reaches the store with them,
+    not with whatever configuration the caller had (a trial found ``sink_status``
+    reading the record table's folder with the ambient one)."""
+
+    @functools.wraps(func)
+    def wrapper(handle: SinkHandle, *args: Any, **kwargs: Any) -> Any:
+        with storage.using(handle.storage):
+            return func(handle, *args, **kwargs)
+
+    return cast(F, wrapper)
 
 
 def open_sink(
@@ -533,6 +552,7 @@ def _view(handle: SinkHandle, target) -> _TargetView:
     )
 
 
+@_in_handle_storage
 def sink_status(handle: SinkHandle) -> SinkStatus:
     """Read-only summary of one sink from its record table, target and checkpoint."""
     from .checkpoint import latest_batch
@@ -756,12 +776,14 @@ def _status(
     )
 
 
+@_in_handle_storage
 def snapshot_status(handle: SinkHandle, snapshot_id: int) -> SnapshotStatus:
     """What the record table and the target say about one snapshot id."""
     with opened_target(handle) as target:
         return _status(handle, handle.load(), snapshot_id, target)
 
 
+@_in_handle_storage
 def stuck_snapshots(handle: SinkHandle) -> list[SnapshotStatus]:
     """Safe records whose phase 2 was never confirmed, oldest first, each with the
     target's committed batch of this sink.
@@ -792,6 +814,7 @@ def _stuck(
     return [s for s in statuses if s.state == "pending"]
 
 
+@_in_handle_storage
 def abandon_snapshot(handle: SinkHandle, snapshot_id: int, reason: str) -> SinkState:
     """Withdraw a stuck snapshot record (or an open allocation) with an ``abandoned`` event
     and roll back what it staged (Delta: its files; PostgreSQL: its prepared
@@ -819,6 +842,7 @@ def abandon_snapshot(handle: SinkHandle, snapshot_id: int, reason: str) -> SinkS
     return state
 
 
+@_in_handle_storage
 def settle(
     location: str, sink: str | None = None, *, reason: str = "settled", **target
 ) -> SinkState:
@@ -978,6 +1002,7 @@ def crc32_of(fs, path: str, on_bytes: Callable[[int], None]) -> str:
     return f"crc32:{crc:08x}"
 
 
+@_in_handle_storage
 def verify(handle: SinkHandle, progress: Progress | None = None) -> VerifyReport:
     """Re-read every file every live (non-abandoned) snapshot record names.
 

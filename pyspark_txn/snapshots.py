@@ -282,7 +282,7 @@ def _check_name_free(state: SinkState, name: str, serving: bool = False) -> None
 
 def _relation(a: str, b: str) -> str | None:
     """How location ``a`` relates to ``b``: "is", "is inside", "contains" or None."""
-    ra, rb = _fs.resolved(a), _fs.resolved(b)
+    ra, rb = _fs.location_key(a), _fs.location_key(b)
     if ra == rb:
         return "is"
     if ra.startswith(rb.rstrip("/") + "/"):

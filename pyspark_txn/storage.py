@@ -471,13 +471,37 @@ def filesystem(
 _HINTS = (
     (
         (
+            "nosuchbucket",
+            "bucket does not exist",
+            "containernotfound",
+            "container does not exist",
+            "no such bucket",
+        ),
+        "the bucket or container does not exist: create it, or check the URI",
+    ),
+    (
+        ("url scheme is not allowed",),
+        "the endpoint is plain http:// but http is not allowed: set AWS_ALLOW_HTTP=true "
+        "(or allow_http=true) in storageOptions / --storage-options",
+    ),
+    (
+        (
+            "invalidaccesskeyid",
+            "signaturedoesnotmatch",
+            "authenticationfailed",
+            "invalidclienttokenid",
+            "invalid access key",
+        ),
+        "the store refused the credentials given: check the key id and secret "
+        "(storageOptions / --storage-options, or the environment)",
+    ),
+    (
+        (
             "credential",
             "metadata",
             "169.254.169.254",
             "unauthenticated",
             "no valid",
-            "invalidaccesskeyid",
-            "signature",
         ),
         "no usable credentials: give them in storageOptions / --storage-options "
         "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AZURE_STORAGE_ACCOUNT_KEY, "
@@ -505,7 +529,7 @@ def describe_store_error(error: BaseException) -> str | None:
         return None
     text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(error)).replace("↳", "-").split())
     low = text.lower()
-    detail = text if len(text) <= 300 else text[:297] + "..."
+    detail = text if len(text) <= 600 else text[:597] + "..."
     for needles, hint in _HINTS:
         if any(n in low for n in needles):
             return f"{hint} ({type(error).__name__}: {detail})"

@@ -190,7 +190,7 @@ class DeltaSinkOptions:
         record_table = _fs.normalize_uri(
             opts.get("recordtable") or default_record_table(checkpoint)
         )
-        real_records, real_path = _fs.resolved(record_table), _fs.resolved(path)
+        real_records, real_path = _fs.location_key(record_table), _fs.location_key(path)
         for inner, outer in ((real_records, real_path), (real_path, real_records)):
             if inner == outer or inner.startswith(outer.rstrip("/") + "/"):
                 raise ConfigError(

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 from deltalake import DeltaTable
@@ -80,13 +81,19 @@ def test_faults_cli_source_and_export_on_s3(spark, tmp_path, s3):
     assert exported.num_rows == 500
     # the Python API, in a process of its own: DeltaTable.is_deltatable holds the GIL
     # while it waits, and this process serves the S3 requests (moto and the proxy)
+    # admin.sink_status too: it read the record table's folder with the ambient options,
+    # not the handle's (found by a new-user trial), so it failed without AWS_* variables
     check = (
-        "import json, sys; from pyspark_txn import snapshots; "
-        "r = snapshots.verify(sys.argv[1], 'first', storage_options=json.loads(sys.argv[2])); "
+        "import json, sys; from pyspark_txn import admin, snapshots; "
+        "o = json.loads(sys.argv[2]); "
+        "st = admin.sink_status(admin.open_sink(sys.argv[1], storage_options=o)); "
+        "assert st.to_json()['last_batch'] == 4, st.to_json(); "
+        "r = snapshots.verify(sys.argv[1], 'first', storage_options=o); "
         "print(json.dumps(r.to_json())); sys.exit(0 if r.ok else 1)"
     )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     proc = subprocess.run(
-        [sys.executable, "-c", check, p.records, options], capture_output=True, text=True
+        [sys.executable, "-c", check, p.records, options], capture_output=True, text=True, env=env
     )
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
 
@@ -113,16 +120,24 @@ def test_cli_without_credentials_or_endpoint_is_one_line_and_exit_2(s3):
     cases = [
         (no_key, "no usable credentials"),
         ({**s3.options, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "cannot be reached"),
+        # a new-user trial saw "cannot be reached" and a cut-off text for these two
+        ({**s3.options, "AWS_ALLOW_HTTP": "false"}, "set AWS_ALLOW_HTTP=true"),
+        (s3.options, "does not exist"),
     ]
     for options, problem in cases:
+        where = (
+            f"s3://nobucket{uuid.uuid4().hex[:8]}/records"
+            if problem == "does not exist"
+            else s3.uri("records")
+        )
         rc, out, err = run_cli_process(
-            "status", s3.uri("records"), "--storage-options", json.dumps(options), unset=AWS_ENV
+            "status", where, "--storage-options", json.dumps(options), unset=AWS_ENV
         )
         assert rc == 2, (out, err)
         assert problem in err and err.count("\n") == 1 and "Traceback" not in err, err
         rc, out, err = run_cli_process(
             "status",
-            s3.uri("records"),
+            where,
             "--json",
             "--storage-options",
             json.dumps(options),

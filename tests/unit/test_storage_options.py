@@ -67,3 +67,11 @@ def test_store_errors_become_one_line():
     err = OSError("Generic S3 error: Error performing PUT http://169.254.169.254/latest/api/token")
     assert describe_store_error(err).startswith("no usable credentials")
     assert describe_store_error(ValueError("x")) is None
+    # given but refused (moto with authentication, seen by a new-user trial): not "no
+    # usable credentials: give them ..."
+    refused = OSError(
+        "Generic S3 error: Error performing GET http://127.0.0.1:45125/lake?list-type=2 in "
+        "1.2ms - Server returned non-2xx status code: 403 Forbidden: <Error><Code>"
+        "InvalidAccessKeyId</Code><Message>The AWS Access Key Id you provided does not exist"
+    )
+    assert describe_store_error(refused).startswith("the store refused the credentials given")
