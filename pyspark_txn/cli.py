@@ -977,9 +977,58 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     _quiet_store_clients(args.verbose)
+    real = sys.stdout
+    sys.stdout = _Output(real)
+    try:
+        code = _dispatch(args)
+        sys.stdout.flush()  # a small output is only written here
+        return code
+    except _OutputError as e:  # stdout is full or gone: say so where it can be read
+        cause = e.__cause__
+        print(f"pyspark-txn: error: cannot write output ({cause!r})", file=sys.stderr)
+        return 2
+    finally:
+        sys.stdout = real
+
+
+class _OutputError(Exception):
+    """stdout cannot be written (a full disk, ``> /dev/full``): not the store's failure."""
+
+
+class _Output:
+    """stdout, whose write errors (other than a closed pipe) raise :class:`_OutputError`,
+    so they are never taken for a store's error nor answered by more output."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise _OutputError() from e
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise _OutputError() from e
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the command; errors become one line on stderr (and JSON under --json), exit 2."""
     try:
         with storage.using(_read_storage_options(getattr(args, "storage_options", None))):
             return args.func(args)
+    except _OutputError:
+        raise
     except TxnError as e:
         print(f"pyspark-txn: error: {e}", file=sys.stderr)
         if getattr(args, "json", False):  # scripts still get a document to parse

@@ -457,6 +457,29 @@ def test_cli_status_after_spark_aborted_the_first_batch(tmp_path, capsys):
     assert code == 0 and out.splitlines()[0] == f"sink {sink.sink_id}: healthy", out
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_full_output_is_cannot_write_output_exit_2(sink, as_json):
+    """`pyspark-txn ... > /dev/full` said "the store failed: OSError" (with --json: a
+    traceback, exit 1)."""
+    import subprocess
+    import sys
+
+    argv = ["status", sink.chk, *(["--json"] if as_json else [])]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pyspark_txn", *argv],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "pyspark-txn: error: cannot write output (OSError(28, 'No space left on device'))"
+    ], proc.stderr
+
+
 def test_status_after_retention_still_names_the_target(tmp_path, capsys):
     driver = SinkDriver(tmp_path, "r", retainSnapshots="1")
     for b in range(80):

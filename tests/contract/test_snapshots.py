@@ -1026,9 +1026,7 @@ def test_exports_are_no_open_attempts_and_a_failed_export_withdraws_its_id(
     code, out, err = run_cli(capsys, "snapshots", "export", sink.chk, "bad", "--to", bad, "--json")
     assert code == 2 and json.loads(out)["type"] == "TxnError", out
     assert "pyspark-txn: error: export 'bad'" in err and "DeltaError" in err
-    assert not bad.exists() and [n.name for n in snapshots.list_snapshots(sink.chk)] == [
-        "running"
-    ]
+    assert not bad.exists() and [n.name for n in snapshots.list_snapshots(sink.chk)] == ["running"]
     state = sink.handle().load()
     assert max(state.allocations) in state.abandoned  # the failed export's id, withdrawn
     code, out, _ = run_cli(capsys, "status", sink.chk)
