@@ -8,9 +8,31 @@ from typing import Any
 _LOCAL_PREFIXES = ("file://", "file:")
 
 
-def normalize_uri(path: str) -> str:
-    """Local paths become absolute plain paths (delta-rs and fsspec agree on those)."""
+def file_uri_host(path: str) -> str | None:
+    """The host of a ``file://host/...`` URI (``""`` for ``file:///...``), None for
+    anything else: ``file://localhost/x`` is ``/x``, never ``./localhost/x``."""
     path = path.strip()
+    if path[:7].lower() != "file://":
+        return None
+    return path[7:].partition("/")[0]
+
+
+def normalize_uri(path: str) -> str:
+    """Local paths become absolute plain paths (delta-rs and fsspec agree on those).
+
+    ``file://localhost/x`` is ``/x`` (RFC 8089); a ``file://`` URI naming another
+    host is refused, since this machine cannot write there."""
+    path = path.strip()
+    host = file_uri_host(path)
+    if host is not None:
+        if host and host.lower() != "localhost":
+            from .errors import ConfigError
+
+            raise ConfigError(
+                f"{path!r}: a file:// URI of host {host!r}; only this machine's files can "
+                "be used: write file:///path, file://localhost/path or a plain path"
+            )
+        return os.path.abspath(os.path.expanduser("/" + path[7 + len(host) :].lstrip("/")))
     if path.startswith(_LOCAL_PREFIXES) or "://" not in path:
         for prefix in _LOCAL_PREFIXES:
             if path.startswith(prefix):

@@ -6,6 +6,7 @@ import difflib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from . import _fs
 from .errors import ConfigError
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
@@ -16,8 +17,10 @@ def check_location(option: str, value: str) -> None:
     """One check of a location for every entry point (the sinks' and the source's
     options, the CLI's locations and ``--to``, the Python API's): schemes delta-rs
     cannot use, a scheme without ``//`` (a local folder of that name would be written),
-    and characters delta-rs cannot take in a table URL, or that a local path would lose
-    (it is read as a URL: ``%20`` becomes a space), are refused by name. ``option``
+    and characters delta-rs cannot take in a table URL, or that a path would lose
+    (it is read as a URL: ``%20`` becomes a space, in a ``file:`` URI and an object
+    store's key alike, since object_store percent-decodes a URL's path, while the
+    staging and copying IO keeps the name literally), are refused by name. ``option``
     is the name the user gave it (``path``, ``--to``)."""
     name = option if option.startswith("-") else f"option {option}"
     scheme = _SCHEME.match(value.strip())
@@ -32,7 +35,13 @@ def check_location(option: str, value: str) -> None:
             "'//' (it would be read as a local folder of that name); write "
             f"{scheme.group(1)}://... or a local path"
         )
-    bad = sorted(set(value) & set("[]" if "://" in value else "[]%"))
+    host = _fs.file_uri_host(value)
+    if host and host.lower() != "localhost":
+        raise ConfigError(
+            f"{name}={value!r}: a file:// URI of host {host!r}; only this machine's files "
+            "can be used: write file:///path, file://localhost/path or a plain path"
+        )
+    bad = sorted(set(value) & set("[]%"))
     if bad:
         raise ConfigError(
             f"{name}={value!r}: {' and '.join(repr(c) for c in bad)} cannot be used "

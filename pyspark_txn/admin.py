@@ -31,7 +31,7 @@ from . import _fs, storage
 from ._options import check_location
 from .checkpoint import RECORDS_DIR, read_sink_file
 from .errors import ConfigError, TxnError
-from .sinks.twophase import TargetTerms, last_committed_batch
+from .sinks.twophase import SPARK_ABORT_REASON, TargetTerms, last_committed_batch
 from .state import (
     DeltaEventLog,
     EventKind,
@@ -40,6 +40,7 @@ from .state import (
     SnapshotRecord,
     pending_phase2,
 )
+from .state.core import is_export_token
 from .state.events import arrow_schema as record_table_schema
 
 log = logging.getLogger(__name__)
@@ -459,6 +460,12 @@ class SinkStatus:
     # snapshot ids allocated above the last record, neither recorded nor abandoned: a
     # batch in flight, or what a failed or killed run left (its next start rolls it back)
     open_attempts: tuple[int, ...] = ()
+    # snapshot ids allocated by an export that has not registered: an export running
+    # now, or what a killed one left (a failed export withdraws its id itself)
+    open_exports: tuple[int, ...] = ()
+    # Spark planned a batch the sink never recorded, and no run of the query is
+    # holding it open: the last attempt failed or was killed (restart the query)
+    failed_attempt: bool = False
 
     @property
     def lag_seconds(self) -> float | None:
@@ -472,7 +479,12 @@ class SinkStatus:
 
     @property
     def healthy(self) -> bool:
-        return not self.stuck and self.target_error is None and not self.problems
+        return (
+            not self.stuck
+            and self.target_error is None
+            and not self.problems
+            and not self.failed_attempt
+        )
 
     def to_json(self) -> dict[str, Any]:
         rec = self.last_record
@@ -507,6 +519,8 @@ class SinkStatus:
             "problems": list(self.problems),
             "export_requests": [r.to_json() for r in self.export_requests],
             "open_attempts": list(self.open_attempts),
+            "open_exports": list(self.open_exports),
+            "failed_attempt": self.failed_attempt,
         }
 
 
@@ -583,11 +597,32 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
         problems.append(f"the target {handle.target_label} is gone")
     checkpoint = handle.checkpoint
     floor = last.snapshot_id if last is not None else -1
+    named_ids = {n.snapshot_id for n in state.named.values()}
+    unrecorded = [
+        sid
+        for sid, token in sorted(state.allocations.items())
+        if sid not in state.abandoned
+        and sid not in named_ids
+        and state.record_for_snapshot(sid) is None
+    ]
+    open_exports = tuple(sid for sid in unrecorded if is_export_token(state.allocations[sid]))
     open_attempts = tuple(
-        sorted(
-            sid
-            for sid in state.allocations
-            if sid > floor and sid not in state.abandoned and state.record_for_snapshot(sid) is None
+        sid for sid in unrecorded if sid > floor and not is_export_token(state.allocations[sid])
+    )
+    planned = latest_batch(checkpoint) if checkpoint else None
+    batch_ids = [sid for sid, tok in state.allocations.items() if not is_export_token(tok)]
+    top = max(batch_ids, default=None)
+    failed_attempt = (
+        planned is not None
+        and (last is None or planned > last.batch_id)
+        and top is not None
+        and top > floor
+        and top in state.abandoned
+        and any(
+            e.kind.value == "abandoned"
+            and e.snapshot_id == top
+            and e.payload.get("reason") == SPARK_ABORT_REASON
+            for e in events
         )
     )
     return SinkStatus(
@@ -602,7 +637,7 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
         target_batch=view.batch,
         target_version=view.version,
         target_error=error,
-        spark_planned_batch=latest_batch(checkpoint) if checkpoint else None,
+        spark_planned_batch=planned,
         spark_committed_batch=latest_batch(checkpoint, "commits") if checkpoint else None,
         record_events=len(events),
         summarized_at=state.summary_seq,
@@ -618,6 +653,8 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
         target_label=handle.target_label,
         staged_txns=view.staged_txns,
         open_attempts=open_attempts,
+        open_exports=open_exports,
+        failed_attempt=failed_attempt,
     )
 
 

@@ -31,15 +31,17 @@ def _print_records(record_table: str, sink: str | None = None) -> None:
         print(f"  target: {admin.describe_target(meta)}")
         print(
             f"  execution record: epoch={rec.epoch} snapshot_id={rec.snapshot_id} "
-            f"ongoing_snapshot_id={rec.ongoing_snapshot_id} query={rec.query_id}"
+            f"ongoing_snapshot_id={rec.ongoing_snapshot_id} query={rec.query_id or '-'}"
         )
         # The last record's phase 2 is confirmed by the next record (or by recovery), so
         # "confirmed" trails the last recorded batch by one while a query runs.
         last = state.last_record
+        confirmed = rec.last_committed_batch_id
         print(
-            f"  last recorded batch: {last.batch_id if last else None}; phase 2 confirmed "
-            f"in the record table through batch {rec.last_committed_batch_id} "
-            "(`pyspark-txn status` asks the target itself)"
+            f"  last recorded batch: {last.batch_id if last else 'none'}; phase 2 confirmed "
+            "in the record table "
+            + ("for no batch yet" if confirmed is None else f"through batch {confirmed}")
+            + " (`pyspark-txn status` asks the target itself)"
         )
         print(
             f"  {'seq':>4} {'event':<10} {'epoch':>5} {'snapshot':>8} {'batch':>5} {'rows':>8}  details"
@@ -143,7 +145,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     verdict = "healthy" if status.healthy else "NEEDS ATTENTION"
     if status.healthy and status.open_attempts:
         verdict = "healthy, with a batch in flight or left unfinished"
+    elif status.healthy and status.open_exports:
+        verdict = "healthy, with an export running or left unfinished"
     print(f"sink {d['sink_id']}: {verdict}")
+    if status.failed_attempt:
+        print(
+            f"  failed: Spark planned batch {d['spark_planned_batch']}, but its last attempt "
+            "was aborted by Spark and rolled back, and no run has tried it since (the "
+            "query failed or was stopped in it; its driver log says why): fix the cause "
+            "and restart the query, which replays the batch"
+        )
     if status.open_attempts:
         staged = (
             f"; {d['staged_txns']} prepared transaction(s) holding their rows' locks"
@@ -156,6 +167,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             "killed run left, which the query's next start rolls back (or: pyspark-txn "
             f"abandon {shlex.quote(args.location)} --snapshot N)"
         )
+    if status.open_exports:
+        n = status.open_exports[0] if len(status.open_exports) == 1 else "N"
+        print(
+            f"  export: snapshot id(s) {', '.join(map(str, status.open_exports))} allocated "
+            "by an export that has not registered yet: an export running now, or what a "
+            "killed export left (once none runs: pyspark-txn abandon "
+            f"{shlex.quote(args.location)} --snapshot {n} withdraws it; export again to "
+            "the same --to with --replace-unfinished)"
+        )
     if d["last_batch"] is None:
         print("  no batch recorded yet")
     else:
@@ -166,9 +186,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             + (f", {lag:.0f} s ago" if lag is not None else "")
         )
     if d["spark_planned_batch"] is not None:
+        committed = d["spark_committed_batch"]
         print(
             f"  Spark's checkpoint: batch {d['spark_planned_batch']} planned, "
-            f"{d['spark_committed_batch']} committed"
+            + ("no batch committed" if committed is None else f"batch {committed} committed")
         )
     target = d["target"]
     if target is None:
@@ -177,7 +198,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  target {target}: cannot be read: {d['target_error']}")
     elif d["target_kind"] == admin.POSTGRES:
         print(
-            f"  target {target}: holds this sink's batches up to {d['target_batch']} "
+            f"  target {target}: {_holds(d['target_batch'])} "
             f"(pyspark_txn_batches); {d['staged_txns']} prepared transaction(s) of "
             f"{d['staged_attempts']} attempt(s) pending"
         )
@@ -185,8 +206,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  target {target}: no table")
     else:
         print(
-            f"  target {target}: version {d['target_version']}, holds this sink's "
-            f"batches up to {d['target_batch']}; staging markers of "
+            f"  target {target}: version {d['target_version']}, "
+            f"{_holds(d['target_batch'])}; staging markers of "
             f"{d['staged_attempts']} recent attempt(s) (kept until ~32 batches later)"
         )
     for problem in status.problems:
@@ -209,6 +230,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("  stuck: " + "\n    ".join(_describe(s)))
         print(f"    see: pyspark-txn stuck {shlex.quote(args.location)}")
     return 0 if status.healthy else 1
+
+
+def _holds(batch: int | None) -> str:
+    if batch is None:
+        return "holds no batch of this sink"
+    return f"holds this sink's batches up to {batch}"
 
 
 _CANNOT_SUCCEED = {
@@ -433,6 +460,15 @@ def cmd_snapshots_export(args: argparse.Namespace) -> int:
                 replace_unfinished=args.replace_unfinished,
                 batch=args.batch,
             )
+        except TxnError:
+            raise
+        except Exception as e:  # the export withdrew its id and copy: one line, exit 2
+            if storage.describe_store_error(e) is not None:
+                raise
+            raise TxnError(
+                f"export {args.name!r} to {args.to} failed ({type(e).__name__}: {e}); its "
+                "partial copy was removed and nothing was registered"
+            ) from e
         finally:
             close()
     if args.json:
@@ -941,9 +977,58 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     _quiet_store_clients(args.verbose)
+    real = sys.stdout
+    sys.stdout = _Output(real)
+    try:
+        code = _dispatch(args)
+        sys.stdout.flush()  # a small output is only written here
+        return code
+    except _OutputError as e:  # stdout is full or gone: say so where it can be read
+        cause = e.__cause__
+        print(f"pyspark-txn: error: cannot write output ({cause!r})", file=sys.stderr)
+        return 2
+    finally:
+        sys.stdout = real
+
+
+class _OutputError(Exception):
+    """stdout cannot be written (a full disk, ``> /dev/full``): not the store's failure."""
+
+
+class _Output:
+    """stdout, whose write errors (other than a closed pipe) raise :class:`_OutputError`,
+    so they are never taken for a store's error nor answered by more output."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise _OutputError() from e
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise _OutputError() from e
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the command; errors become one line on stderr (and JSON under --json), exit 2."""
     try:
         with storage.using(_read_storage_options(getattr(args, "storage_options", None))):
             return args.func(args)
+    except _OutputError:
+        raise
     except TxnError as e:
         print(f"pyspark-txn: error: {e}", file=sys.stderr)
         if getattr(args, "json", False):  # scripts still get a document to parse

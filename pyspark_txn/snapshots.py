@@ -46,13 +46,16 @@ from .checkpoint import SINK_FILE, latest_batch
 from .errors import ConfigError, CorruptSnapshotError, IndeterminateCommitError, TxnError
 from .state import SinkState, SnapshotRecord, allocate, fold_sink
 from .state.core import (
+    EXPORT_TOKEN_PREFIX,
     ExportRequest,
     NamedSnapshot,
     check_snapshot_name,
     delete_named,
     fail_export,
+    new_token,
     register_named,
 )
+from .state.core import abandon as abandon_event
 from .state.core import request_export as request_export_event
 from .state_export import has_state
 from .storage import StorageOptions, current, takes_storage_options
@@ -756,7 +759,9 @@ def _export_pinned(
     existed = fs.exists(root)
     _check_writable(fs, root, uri, existed)  # before anything is allocated or written
     store = handle.record_store()
-    allocated, _ = store.update(handle.sink_id, fold_sink, allocate)
+    allocated, _ = store.update(
+        handle.sink_id, fold_sink, lambda s: allocate(s, EXPORT_TOKEN_PREFIX + new_token())
+    )
     assert allocated is not None and allocated.snapshot_id is not None  # allocate always appends
     snapshot_id: int = allocated.snapshot_id
     fs.makedirs(root, exist_ok=True)
@@ -799,15 +804,32 @@ def _export_pinned(
                 raise  # Ctrl-C after it landed: a registered snapshot, its copy stays
             if isinstance(e, IndeterminateCommitError):
                 _remove_own_copy(fs, root, token, uri, name, existed)
+                _withdraw_export_id(handle, snapshot_id, name, e)
                 raise TxnError(
                     f"export {name!r} to {uri}: whether its registration was written stayed "
                     f"unknown ({type(e).__name__}); the registry, read again, does not list "
                     "it: nothing was registered and the copy was removed. Export again."
                 ) from e
         _remove_own_copy(fs, root, token, uri, name, existed)
+        _withdraw_export_id(handle, snapshot_id, name, e)
         raise
     finally:
         _LIVE_TOKENS.discard(token)
+
+
+def _withdraw_export_id(
+    handle: admin.SinkHandle, snapshot_id: int, name: str, error: BaseException
+) -> None:
+    """Withdraw the id of an export that failed and registered nothing, so that no
+    status shows it as open; a failure to do so is logged (status then shows it as a
+    failed or killed export's id, with its remedy), never raised over ``error``."""
+    reason = f"export {name!r} failed: {type(error).__name__}: {error}"[:500]
+    try:
+        handle.record_store().update(
+            handle.sink_id, fold_sink, lambda s: abandon_event(s, snapshot_id, reason)
+        )
+    except Exception as e:  # noqa: BLE001 - the export's own error is the one to report
+        log.error("export %r: could not withdraw its snapshot id %d: %r", name, snapshot_id, e)
 
 
 def _registered_after_unknown(

@@ -63,6 +63,10 @@ _PHASE2_DONE: OrderedDict[str, int | None] = OrderedDict()
 _PHASE2_DONE_MAX = 256
 _PHASE2_LOCK = threading.Lock()
 
+#: The reason of the ``abandoned`` event of an attempt Spark aborted: status tells a
+#: failed batch (restart the query) from a deliberate withdrawal (``settle``, ``abandon``).
+SPARK_ABORT_REASON = "aborted by Spark"
+
 
 def _phase2_done(record_id: str) -> tuple[bool, int | None]:
     with _PHASE2_LOCK:
@@ -582,7 +586,7 @@ class TwoPhaseCommitter:
                 lambda s: (
                     None
                     if s.record_for_snapshot(snapshot_id) is not None
-                    else abandon(s, snapshot_id, "aborted by Spark")
+                    else abandon(s, snapshot_id, SPARK_ABORT_REASON)
                 ),
                 state,
             )

@@ -114,6 +114,15 @@ def new_token() -> str:
     return uuid.uuid4().hex[:10]
 
 
+#: The token of an export's allocation starts so: status tells an export's id (no
+#: batch, nothing staged) from a batch's, and never advises abandoning it as a batch.
+EXPORT_TOKEN_PREFIX = "export-"
+
+
+def is_export_token(token: str) -> bool:
+    return token.startswith(EXPORT_TOKEN_PREFIX)
+
+
 @dataclass(frozen=True)
 class SnapshotRecord:
     """The verification record: the commit decision and everything phase 2 needs."""

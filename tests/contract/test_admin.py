@@ -433,6 +433,53 @@ def test_cli_status_after_a_failed_first_batch_and_a_killed_run(tmp_path, capsys
     assert json.loads(out)["open_attempts"] == [sid]
 
 
+def test_cli_status_after_spark_aborted_the_first_batch(tmp_path, capsys):
+    """Trial 23 bug C: Spark planned batch 0 and aborted its only attempt (the query
+    failed): not "healthy", and no Python None anywhere in the text."""
+    sink = SinkDriver(tmp_path)
+    committer = sink.committer()
+    sid, token = committer.allocate()
+    committer.abort(sid, token)  # as Spark's abort of a failed write does
+    os.makedirs(os.path.join(sink.chk, "offsets"))
+    with open(os.path.join(sink.chk, "offsets", "0"), "w") as f:
+        f.write("v1\n{}\n")  # Spark's offset log: batch 0 planned
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert "None" not in out, out
+    assert code == 1 and out.splitlines()[0] == f"sink {sink.sink_id}: NEEDS ATTENTION", out
+    assert "failed: Spark planned batch 0, but its last attempt was aborted" in out
+    assert "batch 0 planned, no batch committed" in out
+    code, out, _ = run_cli(capsys, "status", sink.chk, "--json")
+    assert code == 1 and json.loads(out)["failed_attempt"] is True
+    code, out, _ = run_cli(capsys, "records", sink.chk)
+    assert "None" not in out, out
+    sink.batch(0, [1, 2])  # the restarted query replays and records batch 0
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert code == 0 and out.splitlines()[0] == f"sink {sink.sink_id}: healthy", out
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_full_output_is_cannot_write_output_exit_2(sink, as_json):
+    """`pyspark-txn ... > /dev/full` said "the store failed: OSError" (with --json: a
+    traceback, exit 1)."""
+    import subprocess
+    import sys
+
+    argv = ["status", sink.chk, *(["--json"] if as_json else [])]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pyspark_txn", *argv],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "pyspark-txn: error: cannot write output (OSError(28, 'No space left on device'))"
+    ], proc.stderr
+
+
 def test_status_after_retention_still_names_the_target(tmp_path, capsys):
     driver = SinkDriver(tmp_path, "r", retainSnapshots="1")
     for b in range(80):

@@ -992,3 +992,61 @@ def test_a_failed_export_removes_its_own_partial_copy(sink, tmp_path, monkeypatc
     monkeypatch.setattr(snapshots, "_copy", copy)
     assert snapshots.export(sink.chk, "f", str(to)).details["rows"] == 40
     assert snapshots.verify(sink.chk, "f").ok
+
+
+def test_exports_are_no_open_attempts_and_a_failed_export_withdraws_its_id(
+    sink, tmp_path, capsys, monkeypatch
+):
+    """Trial 23 bugs A' and D: a registered export's id is not an unfinished batch; an
+    export running is shown as an export; one that fails (any error) withdraws its id,
+    and the command says so in one line, exit 2, JSON under --json."""
+    from deltalake.exceptions import DeltaError
+
+    to, go = tmp_path / "running", tmp_path / "go"
+    running = _paused_export(sink.chk, "running", to, go)  # copied, about to register
+    try:
+        code, out, _ = run_cli(capsys, "status", sink.chk, "--json")
+        doc = json.loads(out)
+        assert code == 0 and doc["open_attempts"] == [] and len(doc["open_exports"]) == 1
+        code, out, _ = run_cli(capsys, "status", sink.chk)
+        assert out.startswith(f"sink {sink.sink_id}: healthy, with an export running or left")
+        assert "allocated by an export that has not registered yet" in out
+        assert "unfinished: snapshot" not in out and "a batch of" not in out, out
+        go.touch()
+        out, err = running.communicate(timeout=120)
+    finally:
+        running.kill()
+    assert running.returncode == 0, out + err[-2000:]
+
+    def failing_copy(*a):
+        raise DeltaError("Kernel error: injected")
+
+    monkeypatch.setattr(snapshots, "_copy", failing_copy)
+    bad = tmp_path / "bad"
+    code, out, err = run_cli(capsys, "snapshots", "export", sink.chk, "bad", "--to", bad, "--json")
+    assert code == 2 and json.loads(out)["type"] == "TxnError", out
+    assert "pyspark-txn: error: export 'bad'" in err and "DeltaError" in err
+    assert not bad.exists() and [n.name for n in snapshots.list_snapshots(sink.chk)] == ["running"]
+    state = sink.handle().load()
+    assert max(state.allocations) in state.abandoned  # the failed export's id, withdrawn
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert code == 0 and out.splitlines()[0] == f"sink {sink.sink_id}: healthy", out
+    assert "abandon" not in out and out.splitlines()[1].startswith("  last batch 3"), out
+    doc = json.loads(run_cli(capsys, "status", sink.chk, "--json")[1])
+    assert doc["open_attempts"] == [] and doc["open_exports"] == []
+
+
+def test_export_to_a_localhost_file_uri_writes_the_absolute_path(sink, tmp_path, monkeypatch):
+    """Trial 23 bug B: file://localhost/abs was written to ./localhost/abs."""
+    monkeypatch.chdir(tmp_path)
+    to = tmp_path / "lh"
+    named = snapshots.export(sink.chk, "lh", f"file://localhost{to}")
+    assert named.location == str(to) and ids_of(f"{to}/data") == list(range(40))
+    assert not (tmp_path / "localhost").exists()
+    with pytest.raises(ConfigError, match="--to='file://otherhost/x': a file:// URI of host"):
+        snapshots.export(sink.chk, "oh", "file://otherhost/x")
+    for to in (f"file://{tmp_path}/p%20q", f"file:///{tmp_path}/p%20q"):
+        with pytest.raises(ConfigError, match="'%' cannot be used in a location"):
+            snapshots.export(sink.chk, "pct", to)
+    assert [n.name for n in snapshots.list_snapshots(sink.chk)] == ["lh"]
+    assert not (tmp_path / "p%20q").exists() and not (tmp_path / "p q").exists()

@@ -272,3 +272,37 @@ def test_a_sink_id_too_long_for_file_names_is_refused(tmp_path, option):
                 option: "s" * 200,
             }
         )
+
+
+@pytest.mark.parametrize(
+    "path, problem",
+    [
+        ("file:///tmp/t%20x", "'%' cannot be used in a location"),
+        ("file:/tmp/t%20x", "'%' cannot be used in a location"),
+        ("s3://bucket/t%20x", "'%' cannot be used in a location"),
+        ("file://otherhost/tmp/t", "a file:// URI of host 'otherhost'"),
+    ],
+)
+def test_locations_read_back_elsewhere_are_refused(tmp_path, path, problem):
+    """Trial 23 bugs A and B: delta-rs (object_store) percent-decodes a URL's path, in a
+    file: URI and an object store's key alike, while the staging IO keeps it literally
+    (the table was made in 't%20x', phase 2 read 't x'); another host's file:// URI
+    cannot be this machine's."""
+    with pytest.raises(ConfigError, match=f"option path={path!r}: {problem}"):
+        DeltaSinkOptions.parse({"path": path, "checkpointLocation": str(tmp_path / "c")})
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_localhost_file_uri_is_the_absolute_path(tmp_path, monkeypatch):
+    """Trial 23 bug B: file://localhost/abs was read as ./localhost/abs."""
+    from pyspark_txn import _fs
+
+    monkeypatch.chdir(tmp_path)
+    for uri in (f"file://localhost{tmp_path}/t", f"file://LocalHost{tmp_path}/t/"):
+        assert _fs.normalize_uri(uri) == f"{tmp_path}/t"
+    opts = DeltaSinkOptions.parse(
+        {"path": f"file://localhost{tmp_path}/t", "checkpointLocation": f"{tmp_path}/c"}
+    )
+    assert opts.path == f"{tmp_path}/t"
+    with pytest.raises(ConfigError, match="a file:// URI of host 'h'"):
+        _fs.normalize_uri("file://h/x")
