@@ -879,7 +879,6 @@ def abandon_snapshot(handle: SinkHandle, snapshot_id: int, reason: str) -> SinkS
     return state
 
 
-@_in_handle_storage
 def settle(
     location: str, sink: str | None = None, *, reason: str = "settled", **target
 ) -> SinkState:
@@ -890,11 +889,12 @@ def settle(
     ``target``: ``url`` / ``password_file`` of a PostgreSQL sink, as for :func:`open_sink`.
     """
     handle = open_sink(location, sink, **target)
-    committer = handle.committer()
-    try:
-        return committer.settle(reason)
-    finally:
-        committer.target.close()
+    with storage.using(handle.storage):
+        committer = handle.committer()
+        try:
+            return committer.settle(reason)
+        finally:
+            committer.target.close()
 
 
 # --- verify ---------------------------------------------------------------------
