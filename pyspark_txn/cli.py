@@ -96,7 +96,7 @@ def _describe(status: admin.SnapshotStatus) -> list[str]:
         if d["target_error"]:
             lines.append(f"  target: cannot be read: {d['target_error']}")
         elif status.target_gone is not None:
-            lines.append(f"  target: {status.target_gone}: the table is gone")
+            lines.append(f"  target: {status.target_gone}")
             lines.append(f"  {_gone_restart(status)}")
         elif d["target_batch"] is None:
             lines.append("  target holds no batch of this sink (or does not exist)")
@@ -110,8 +110,7 @@ def _describe(status: admin.SnapshotStatus) -> list[str]:
 def _gone_restart(status: admin.SnapshotStatus) -> str:
     """What a restart does where the table is gone (the sink refuses: TargetGoneError)."""
     return (
-        f"The record table says batches up to {status.last_committed} were committed to it. "
-        "A restart of the query refuses to write (abandoned or not), as writing on would "
+        f"The record table says {status.lost_batches}. A restart of the query refuses to write (abandoned or not), as writing on would "
         "make a new table without those batches: restore the table where it was (with its "
         "_delta_log), or start over with a new checkpoint (its source is read from the start)"
     )
@@ -177,16 +176,26 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  target {target}: cannot be read: {d['target_error']}")
     elif d["target_kind"] == admin.POSTGRES:
         print(
-            f"  target {target}: holds this sink's batches up to {d['target_batch']} "
-            f"(pyspark_txn_batches); {d['staged_txns']} prepared transaction(s) of "
+            f"  target {target}: holds "
+            + (
+                "no batch of this sink"
+                if d["target_batch"] is None
+                else f"this sink's batches up to {d['target_batch']}"
+            )
+            + f" (pyspark_txn_batches); {d['staged_txns']} prepared transaction(s) of "
             f"{d['staged_attempts']} attempt(s) pending"
         )
     elif d["target_version"] is None:
         print(f"  target {target}: no table")
     else:
         print(
-            f"  target {target}: version {d['target_version']}, holds this sink's "
-            f"batches up to {d['target_batch']}; staging markers of "
+            f"  target {target}: version {d['target_version']}, holds "
+            + (
+                "no batch of this sink"
+                if d["target_batch"] is None
+                else f"this sink's batches up to {d['target_batch']}"
+            )
+            + "; staging markers of "
             f"{d['staged_attempts']} recent attempt(s) (kept until ~32 batches later)"
         )
     for problem in status.problems:
@@ -296,7 +305,7 @@ def cmd_abandon(args: argparse.Namespace) -> int:
     if handle.kind == admin.POSTGRES:
         print("Its prepared transactions are rolled back, as recovery would.")
     if status.target_gone is not None:
-        print(f"But {status.target_gone}: the table is gone. {_gone_restart(status)}.")
+        print(f"But {status.target_gone}. {_gone_restart(status)}.")
     elif status.record is not None:
         print(
             f"Restart the query: Spark replays batch {status.record.batch_id} and it is "
