@@ -201,7 +201,7 @@ _ROLLED_BACK: set[tuple[str, int, str]] = set()
 
 def last_committed_batch(state: SinkState) -> int | None:
     """The highest batch of a record the record table marks committed, or None."""
-    done = [r.batch_id for sid, r in state.records.items() if sid in state.committed]
+    done = [r.batch_id for r in state.records.values() if r.snapshot_id in state.committed]
     return max(done) if done else None
 
 
@@ -209,7 +209,9 @@ def proven_batch(state: SinkState) -> int | None:
     """The highest batch the target must hold for this sink: that of a record the record
     table marks committed whose phase 2 wrote something (an empty batch makes no commit
     of its own, so it proves nothing about the target's app transaction)."""
-    done = [r.batch_id for sid, r in state.records.items() if sid in state.committed and r.txns]
+    done = [
+        r.batch_id for r in state.records.values() if r.snapshot_id in state.committed and r.txns
+    ]
     return max(done) if done else None
 
 
