@@ -229,9 +229,7 @@ def test_a_deleted_table_is_named_and_never_silently_started_anew(sink, capsys):
     code, out, _ = run_cli(capsys, "stuck", sink.chk, "--json")
     (entry,) = json.loads(out)["stuck"]
     assert "no Delta table at" in entry["target_gone"] and entry["abandonable"] is False
-    code, out, err = run_cli(
-        capsys, "abandon", sink.chk, "--snapshot", rec.snapshot_id, "--yes"
-    )
+    code, out, err = run_cli(capsys, "abandon", sink.chk, "--snapshot", rec.snapshot_id, "--yes")
     assert code == 2 and "cannot be abandoned" in err and "Restore the table" in err
     assert "Spark replays" not in out
     with pytest.raises(TargetGoneError):  # never a silent new table
