@@ -110,8 +110,8 @@ def _describe(status: admin.SnapshotStatus) -> list[str]:
 def _gone_restart(status: admin.SnapshotStatus) -> str:
     """What a restart does where the table is gone (the sink refuses: TargetGoneError)."""
     return (
-        f"The record table says {status.lost_batches}. A restart of the query refuses to write (abandoned or not), as writing on would "
-        "make a new table without those batches: restore the table where it was (with its "
+        f"The record table says {status.lost_batches}. A restart of the query refuses "
+        "to write, as writing on would leave those batches out of the table: restore the table where it was (with its "
         "_delta_log), or start over with a new checkpoint (its source is read from the start)"
     )
 
