@@ -31,7 +31,14 @@ from . import _fs, storage
 from ._options import check_location
 from .checkpoint import RECORDS_DIR, read_sink_file
 from .errors import ConfigError, TxnError
-from .sinks.twophase import SPARK_ABORT_REASON, TargetTerms, last_committed_batch
+from .sinks.twophase import (
+    SPARK_ABORT_REASON,
+    TargetTerms,
+    abandon_lost_refusal,
+    last_committed_batch,
+    lost_batches,
+    target_lost,
+)
 from .state import (
     DeltaEventLog,
     EventKind,
@@ -574,12 +581,13 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
     store = handle.record_store()
     events = store.events(handle.sink_id)
     state = handle.load()
-    view, error = _TargetView(), None
+    view, error, lost = _TargetView(), None, None
     stuck: tuple[SnapshotStatus, ...] = ()
     if handle.has_target:
         try:
             with opened_target(handle) as target:
                 view = _view(handle, target)
+                lost = target_lost(state, target, view.batch)
                 stuck = tuple(_stuck(handle, state, target, (view.batch, None)))
         except Exception as e:  # a status must still show what the record table knows
             error = f"{type(e).__name__}: {e}"
@@ -593,8 +601,12 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
             + ": the query will refuse to start (another writer with this sink id, a lost "
             "record table, or a switch from mode=light)"
         )
-    if last is not None and handle.has_target and error is None and view.exists is False:
-        problems.append(f"the target {handle.target_label} is gone")
+    if lost is not None:
+        problems.append(
+            f"{lost}; the record table says {lost_batches(state)}: the query will refuse to "
+            "start (TargetGoneError). Restore the table where it was (with its _delta_log), "
+            "or start over with a new checkpoint"
+        )
     checkpoint = handle.checkpoint
     floor = last.snapshot_id if last is not None else -1
     named_ids = {n.snapshot_id for n in state.named.values()}
@@ -681,9 +693,10 @@ class SnapshotStatus:
     refusal: str | None = None
     terms: TargetTerms | None = None
     txn_states: Mapping[str, str] = field(default_factory=dict, hash=False)
-    # the target is gone although batches up to last_committed were committed to it
+    # the target lost (deleted, replaced) batches up to last_committed committed to it
     target_gone: str | None = None
     last_committed: int | None = None
+    lost_batches: str | None = None  # what the record table says went to the lost target
 
     @property
     def target_holds_batch(self) -> bool:
@@ -785,19 +798,17 @@ def _status(
     if refusal is None and error is not None:
         refusal = f"the target cannot be read ({error})"
     gone, last = None, last_committed_batch(state)
-    if (
-        rec is not None
-        and target is not None
-        and batch is None
-        and error is None
-        and last is not None
-    ):
+    if rec is not None and target is not None and error is None and last is not None:
         try:
-            gone = target.gone()
+            gone = target_lost(state, target, batch)
         except TxnError:
             raise
         except Exception as e:
             log.warning("sink %s: cannot tell whether the target is there: %r", handle.sink_id, e)
+    if gone is not None and rec is not None and kind == "pending":
+        # its phase 2 may have landed in the lost table: only a restored one can say
+        refusal = abandon_lost_refusal(gone, rec.batch_id)
+    restart = lost_batches(state) if gone is not None else None
     return SnapshotStatus(
         handle.sink_id,
         snapshot_id,
@@ -810,6 +821,7 @@ def _status(
         states,
         gone,
         last,
+        restart,
     )
 
 

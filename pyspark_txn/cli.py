@@ -98,7 +98,7 @@ def _describe(status: admin.SnapshotStatus) -> list[str]:
         if d["target_error"]:
             lines.append(f"  target: cannot be read: {d['target_error']}")
         elif status.target_gone is not None:
-            lines.append(f"  target: {status.target_gone}: the table is gone")
+            lines.append(f"  target: {status.target_gone}")
             lines.append(f"  {_gone_restart(status)}")
         elif d["target_batch"] is None:
             lines.append("  target holds no batch of this sink (or does not exist)")
@@ -112,9 +112,8 @@ def _describe(status: admin.SnapshotStatus) -> list[str]:
 def _gone_restart(status: admin.SnapshotStatus) -> str:
     """What a restart does where the table is gone (the sink refuses: TargetGoneError)."""
     return (
-        f"The record table says batches up to {status.last_committed} were committed to it. "
-        "A restart of the query refuses to write (abandoned or not), as writing on would "
-        "make a new table without those batches: restore the table where it was (with its "
+        f"The record table says {status.lost_batches}. A restart of the query refuses "
+        "to write, as writing on would leave those batches out of the table: restore the table where it was (with its "
         "_delta_log), or start over with a new checkpoint (its source is read from the start)"
     )
 
@@ -323,7 +322,7 @@ def cmd_abandon(args: argparse.Namespace) -> int:
     if handle.kind == admin.POSTGRES:
         print("Its prepared transactions are rolled back, as recovery would.")
     if status.target_gone is not None:
-        print(f"But {status.target_gone}: the table is gone. {_gone_restart(status)}.")
+        print(f"But {status.target_gone}. {_gone_restart(status)}.")
     elif status.record is not None:
         print(
             f"Restart the query: Spark replays batch {status.record.batch_id} and it is "

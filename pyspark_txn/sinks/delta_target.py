@@ -141,6 +141,13 @@ class DeltaTarget(Target):
         dt = self.open()
         return None if dt is None else dt.transaction_version(sink_id)
 
+    def committed_batch_recent(self, sink_id: str) -> int | None:
+        dt = self.open(refresh=False)  # a deleted or re-created table is not the cached one
+        return None if dt is None else dt.transaction_version(sink_id)
+
+    def location(self) -> str:
+        return f"the table at {self.uri}"
+
     def gone(self) -> str | None:
         if self.open() is not None:
             return None

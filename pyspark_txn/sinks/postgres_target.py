@@ -947,6 +947,9 @@ class PostgresTarget(Target):
         )
         return rows[0][0] if rows else None
 
+    def location(self) -> str:
+        return f"the table {self.schema}.{self.table}"
+
     def gone(self) -> str | None:
         if self.table_exists():
             return None

@@ -150,6 +150,15 @@ class Target(ABC):
         """Drop what finds an attempt's artifacts (markers) once no task of it can write:
         committed data stays; ``staged_attempts`` no longer lists the attempt."""
 
+    def committed_batch_recent(self, sink_id: str) -> int | None:
+        """``committed_batch`` as this process read it moments ago where the target can
+        tell that it is still the same table: for checks the commit makes again."""
+        return self.committed_batch(sink_id)
+
+    def location(self) -> str:
+        """The target in a message, e.g. "the table at s3://b/t"."""
+        return "the target"
+
     def gone(self) -> str | None:
         """Where the target no longer exists (a Delta table deleted or moved, a
         PostgreSQL table dropped): a sentence naming it, else None. Read only when
@@ -188,32 +197,86 @@ def _check_same_target(
         )
 
 
+_UNREAD: Any = object()  # "not read yet", where None is an answer
+
 # (sink, snapshot id, token) of dead attempts this process rolled back and said so
 _ROLLED_BACK: set[tuple[str, int, str]] = set()
 
 
 def last_committed_batch(state: SinkState) -> int | None:
     """The highest batch of a record the record table marks committed, or None."""
-    done = [r.batch_id for sid, r in state.records.items() if sid in state.committed]
+    done = [r.batch_id for r in state.records.values() if r.snapshot_id in state.committed]
     return max(done) if done else None
 
 
-def target_gone_error(sink_id: str, state: SinkState, target: Target) -> TargetGoneError | None:
-    """The error for a target that is gone although the record table says batches were
-    committed to it (None: it is there, or nothing was committed). ``committed_batch``
-    must have said None."""
-    last = last_committed_batch(state)
-    if last is None:
+def proven_batch(state: SinkState) -> int | None:
+    """The highest batch the target must hold for this sink: that of a record the record
+    table marks committed whose phase 2 wrote something (an empty batch makes no commit
+    of its own, so it proves nothing about the target's app transaction)."""
+    done = [
+        r.batch_id for r in state.records.values() if r.snapshot_id in state.committed and r.txns
+    ]
+    return max(done) if done else None
+
+
+def target_lost(state: SinkState, target: Target, committed: int | None) -> str | None:
+    """Why the target no longer holds what the record table proves was committed to it
+    (deleted, moved, re-created or restored to an older version), else None.
+    ``committed``: what ``target.committed_batch`` says now. Reads the target only
+    where it holds no batch of this sink, so it costs nothing in a steady run."""
+    if last_committed_batch(state) is None:
         return None
-    gone = target.gone()
-    if gone is None:
+    if committed is None:
+        gone = target.gone()
+        if gone is not None:
+            return f"{gone}: the table is gone"
+    proven = proven_batch(state)
+    if proven is None or (committed is not None and committed >= proven):
+        return None
+    holds = "no batch of this sink" if committed is None else f"batches only up to {committed}"
+    return (
+        f"{target.location()} no longer holds this sink's batches up to {proven} (it holds "
+        f"{holds}): it was deleted or replaced (re-created, or restored to an older version)"
+    )
+
+
+def lost_batches(state: SinkState) -> str:
+    """What the record table says was committed, for messages about a lost target: the
+    committed batches, and a pending record whose phase 2 may have landed too."""
+    last = last_committed_batch(state)
+    pending = [r.batch_id for r in pending_phase2(state) if last is None or r.batch_id > last]
+    maybe = (
+        f", and batch {max(pending)} may have been too (its phase 2 had begun or was "
+        "about to; only the table could tell, and Spark's commit log may count it)"
+        if pending
+        else ""
+    )
+    return f"batches up to {last} were committed to it{maybe}"
+
+
+def abandon_lost_refusal(lost: str, batch_id: int) -> str:
+    """Why a pending record cannot be abandoned while its target is lost."""
+    return (
+        f"{lost}; whether phase 2 of batch {batch_id} landed can only be read from the "
+        "table. Restore the table where it was (with its _delta_log) first: then "
+        "restarting the query finishes or replays it (or start over with a new checkpoint)"
+    )
+
+
+def target_gone_error(
+    sink_id: str, state: SinkState, target: Target, committed: int | None
+) -> TargetGoneError | None:
+    """The error for a target that lost what the record table says was committed to it
+    (None: it holds all of that, or nothing was committed)."""
+    lost = target_lost(state, target, committed)
+    if lost is None:
         return None
     return TargetGoneError(
-        f"sink {sink_id!r}: {gone}: the table is gone. This sink's record table says "
-        f"batches up to {last} were committed to it; writing on would make a new table "
-        "without them, and Spark would not serve them again. Restore the table where it "
-        "was (with its history: the _delta_log), or start over with a new checkpoint "
-        "(a new query reads its source from the start)"
+        f"sink {sink_id!r}: {lost}. This sink's record table says {lost_batches(state)}; "
+        "writing on would leave those batches out of the table, and Spark would not serve "
+        "them again. Nothing was written. Restore the table where it was (with its "
+        "history: the _delta_log), or start over with a new checkpoint (a new query "
+        "reads its source from the start)"
     )
 
 
@@ -292,6 +355,12 @@ class TwoPhaseCommitter:
         if target_meta is not None:
             state = self.load()
             _check_same_target(self.sink_id, state, target_meta)
+            if last_committed_batch(state) is not None:
+                # before phase 1 leaves staged files at the place of a lost table; a
+                # recent read that looks lost may predate a phase 2: a fresh one decides
+                recent = self.target.committed_batch_recent(self.sink_id)
+                if target_lost(state, self.target, recent) is not None:
+                    self._refuse_lost_target(state)
         event, _ = self._update(allocate, state)
         return event.snapshot_id, event.payload["token"]
 
@@ -343,6 +412,8 @@ class TwoPhaseCommitter:
             if rec.snapshot_id != snapshot_id:
                 self.target.discard(snapshot_id, token)
             if rec.snapshot_id not in state.committed:
+                if not _phase2_done(rec.record_id)[0]:
+                    self._refuse_lost_target(state)
                 state, _ = self._phase2(state, rec, confirm=True)
             if not recovered:  # recovery has just swept
                 self._sweep(state)
@@ -350,13 +421,13 @@ class TwoPhaseCommitter:
         # An older decision lands before a newer one. In a steady run that is the
         # previous batch, whose phase 2 is done: the new record confirms it.
         confirms = {}
-        for pending in pending_phase2(state):
-            state, confirms[pending.snapshot_id] = self._phase2(state, pending, confirm=False)
+        pending = pending_phase2(state)
+        if any(not _phase2_done(p.record_id)[0] for p in pending):
+            self._refuse_lost_target(state)  # phase 2 never goes into a lost table
+        for rec in pending:
+            state, confirms[rec.snapshot_id] = self._phase2(state, rec, confirm=False)
         committed = self.target.committed_batch(self.sink_id)
-        if committed is None:
-            gone = target_gone_error(self.sink_id, state, self.target)
-            if gone is not None:
-                raise gone
+        self._refuse_lost_target(state, committed)
         if committed is not None and committed >= batch_id:
             raise CheckpointMismatchError(
                 f"sink {self.sink_id!r}: the target already holds batch {committed} but the "
@@ -483,12 +554,23 @@ class TwoPhaseCommitter:
                 self.target.discard(sid, token, _handles(rec))
                 self.target.forget(sid, token)
 
+    def _refuse_lost_target(self, state: SinkState, committed: Any = _UNREAD) -> None:
+        """Raise ``TargetGoneError`` where the target lost batches the record table says
+        were committed to it (deleted, re-created, restored to an older version): a
+        commit or phase 2 there would silently leave them out. ``committed``: the
+        target's committed batch, if just read."""
+        if last_committed_batch(state) is None:
+            return
+        if committed is _UNREAD:
+            committed = self.target.committed_batch(self.sink_id)
+        error = target_gone_error(self.sink_id, state, self.target, committed)
+        if error is not None:
+            raise error
+
     def _check_target_matches(self, state: SinkState) -> None:
         committed = self.target.committed_batch(self.sink_id)
-        if committed is None:
-            gone = target_gone_error(self.sink_id, state, self.target)
-            if gone is not None:  # before phase 2 of a pending record makes a new table
-                raise gone
+        # before phase 2 of a pending record writes into a new or replaced table
+        self._refuse_lost_target(state, committed)
         last = state.last_record.batch_id if state.last_record else None
         if committed is not None and (last is None or committed > last):
             recorded = "has no record of any batch" if last is None else f"ends at batch {last}"
@@ -649,6 +731,12 @@ class TwoPhaseCommitter:
                     f">= {rec.batch_id}; snapshot {snapshot_id} cannot be abandoned"
                 )
             if snapshot_id not in state.abandoned and snapshot_id not in state.committed:
+                lost = target_lost(state, self.target, committed)
+                if lost is not None:
+                    raise TargetGoneError(
+                        f"sink {self.sink_id!r}: snapshot {snapshot_id} cannot be abandoned: "
+                        + abandon_lost_refusal(lost, rec.batch_id)
+                    )
                 refusal = self.target.abandon_refusal(rec)
                 if refusal is not None:
                     raise TxnError(

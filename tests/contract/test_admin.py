@@ -48,7 +48,7 @@ class SinkDriver:
     def batch(self, batch_id, ids, *, faults=None, run_id="run-1", source_offsets=None):
         """Stage ``ids`` under a new allocation and commit them as ``batch_id``."""
         committer = self.committer(faults)
-        snapshot_id, token = committer.allocate()
+        snapshot_id, token = committer.allocate({"uri": self.opts.path})  # as the sinks do
         rows = pa.record_batch(
             [pa.array(ids, pa.int64()), pa.array([f"v{i}" for i in ids])], schema=SCHEMA
         )
@@ -223,14 +223,115 @@ def test_a_deleted_table_is_named_and_never_silently_started_anew(sink, capsys):
     code, out, _ = run_cli(capsys, "stuck", sink.chk)
     assert code == 0 and "no Delta table at" in out and "the table is gone" in out
     assert "A restart of the query refuses to write" in out
+    # whether batch 2's phase 2 landed can only be read from the table: not abandonable
+    assert "otherwise restarting the query finishes it" not in out
+    assert "not abandonable" in out and "Restore the table where it was" in out
     code, out, _ = run_cli(capsys, "stuck", sink.chk, "--json")
-    assert "the table is gone" not in out and "no Delta table at" in out  # target_gone
-
-    code, out, _ = run_cli(capsys, "abandon", sink.chk, "--snapshot", rec.snapshot_id, "--yes")
-    assert code == 0 and "the table is gone" in out and "Spark replays" not in out
-    with pytest.raises(TargetGoneError):  # abandoned or not: never a silent new table
+    (entry,) = json.loads(out)["stuck"]
+    assert "no Delta table at" in entry["target_gone"] and entry["abandonable"] is False
+    code, out, err = run_cli(capsys, "abandon", sink.chk, "--snapshot", rec.snapshot_id, "--yes")
+    assert code == 2 and "cannot be abandoned" in err and "Restore the table" in err
+    assert "Spark replays" not in out
+    with pytest.raises(TargetGoneError):  # never a silent new table
         sink.batch(3, list(range(30, 40)), run_id="run-3")
-    assert not os.path.exists(os.path.join(sink.target, "_delta_log"))
+    assert not os.path.exists(sink.target)  # no new table, no staged files there
+
+
+def _empty_table(path):
+    write_deltalake(path, pa.Table.from_batches([], schema=SCHEMA))
+
+
+def _events(sink):
+    return sink.opts.record_store().events(sink.sink_id)
+
+
+def test_a_table_recreated_empty_is_named_and_never_written(sink, capsys):
+    """Bug E (issue 23 trial): the table is deleted and re-created empty by someone else.
+    The restart used to land batches 3.. in the new table and record a false commit; it
+    is refused before phase 1 and before any phase 2, and nothing is recorded."""
+    sink.batch(2, list(range(20, 30)))  # batches 0-1 confirmed, 2's phase 2 done
+    committer = sink.committer()  # batch 3 is planned and staged while the table is there
+    sid, token = committer.allocate({"uri": sink.target})
+    rows = pa.record_batch([pa.array([30], pa.int64()), pa.array(["x"])], schema=SCHEMA)
+    staged = stage_partition([rows], sink.opts.staging(), sid, token, 0, SCHEMA)
+    shutil.rmtree(sink.target)
+    _empty_table(sink.target)
+    before = len(_events(sink))
+
+    # the running query's commit refuses: no record, no phase 2 into the new table
+    meta = {"uri": sink.target, "arrow_schema": schema_to_b64(SCHEMA), "merge_schema": False}
+    with pytest.raises(TargetGoneError, match="no longer holds"):
+        committer.commit(3, sid, token, staged, run_id="run-1", target_meta=meta)
+    assert len(_events(sink)) == before
+
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert code == 1 and "holds no batch of this sink" in out and "up to None" not in out
+    assert "no longer holds this sink's batches up to 1" in out
+    assert "will refuse to start" in out
+
+    for run in ("run-2", "run-1"):  # a restart's recovery, and the running query
+        with pytest.raises(TargetGoneError) as e:
+            sink.batch(3, list(range(30, 40)), run_id=run)
+        msg = str(e.value)
+        assert f"the table at {sink.target} no longer holds this sink's batches up to 1" in msg
+        assert "deleted or replaced" in msg and "batch 2 may have been too" in msg
+    # refused at planning: no allocation, no staged files; nothing recorded, nothing written
+    assert len(_events(sink)) == before
+    assert not os.path.exists(os.path.join(sink.target, STAGING_ROOT))
+    dt = DeltaTable(sink.target)
+    assert dt.version() == 0 and dt.to_pyarrow_table().num_rows == 0
+    assert dt.transaction_version(sink.sink_id) is None
+
+
+def test_a_table_restored_to_an_older_version_is_refused(sink):
+    """A table put back from a backup older than what the record table proves committed
+    holds batches only up to 0 of 0-2: writing on would leave 1-2 out silently."""
+    backup = str(sink.tmp_path / "backup")
+    shutil.copytree(sink.target, backup)  # holds batches 0-1
+    sink.batch(2, list(range(20, 30)))
+    sink.batch(3, list(range(30, 40)))  # confirms 2
+    shutil.rmtree(sink.target)
+    shutil.copytree(backup, sink.target)
+    with pytest.raises(TargetGoneError, match=r"batches up to 2 \(it holds batches only up to 1"):
+        sink.batch(4, list(range(40, 50)), run_id="run-2")
+    with pytest.raises(TxnError, match="cannot be abandoned"):
+        admin.abandon_snapshot(sink.handle(), sink.handle().load().snapshot_id, "x")
+    assert sink.ids() == list(range(20))
+
+
+def test_a_deleted_table_restored_after_a_refused_abandon_restarts(sink, capsys):
+    """Bug F (issue 23 trial): batch 2 landed (Spark's commit log says 2) but the next
+    record never confirmed it, then the table was deleted. Messages used to say "up to 1",
+    `abandon` withdrew batch 2, and restoring the table (as advised) then wedged every
+    start with CheckpointMismatchError. Now batch 2 is named, abandon is refused, and a
+    restart after the restore finishes batch 2 and goes on."""
+    sink.batch(2, list(range(20, 30)))  # phase 2 done, not yet confirmed
+    backup = str(sink.tmp_path / "backup")
+    shutil.copytree(sink.target, backup)
+    shutil.rmtree(sink.target)
+
+    with pytest.raises(TargetGoneError) as e:
+        sink.batch(3, list(range(30, 40)), run_id="run-2")
+    assert "batches up to 1 were committed to it, and batch 2 may have been too" in str(e.value)
+    assert not os.path.exists(sink.target)  # no txn-staged/ left at the deleted path
+
+    handle = sink.handle()
+    (stuck,) = admin.stuck_snapshots(handle)
+    assert stuck.record.batch_id == 2 and stuck.refusal is not None
+    assert stuck.to_json()["abandonable"] is False
+    code, out, _ = run_cli(capsys, "stuck", sink.chk)
+    assert "batch 2 may have been too" in out and "not abandonable" in out
+    assert "otherwise restarting the query finishes it" not in out
+    code, _, err = run_cli(capsys, "abandon", sink.chk, "--snapshot", stuck.snapshot_id, "--yes")
+    assert code == 2 and "restore the table" in err.lower()
+    with pytest.raises(TargetGoneError, match="cannot be abandoned"):
+        admin.abandon_snapshot(handle, stuck.snapshot_id, "table deleted")
+    assert stuck.snapshot_id not in handle.load().abandoned
+
+    shutil.copytree(backup, sink.target)  # the restore every message advises
+    sink.batch(3, list(range(30, 40)), run_id="run-3")
+    assert sink.ids() == list(range(40))
+    assert admin.stuck_snapshots(handle) == [] and admin.verify(handle).ok
 
 
 def test_a_table_deleted_under_a_running_query_is_not_started_anew(sink):

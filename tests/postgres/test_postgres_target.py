@@ -236,6 +236,8 @@ def test_a_key_held_in_append_mode_does_not_suggest_key_columns(pg, tmp_path):
     with pytest.raises(ConfigError, match="drop duplicates of the key") as e:
         sink.stage(sid, tok, [rows_of([1]), rows_of([1])])
     assert "repartition the stream by keyColumns" not in str(e.value)
+    sink.committer.abort(sid, tok)  # Spark's abort of the failed job: partition 0's txn
+    assert sink.prepared() == []
 
 
 def test_upsert_updates_by_key_and_the_last_row_of_a_key_wins(pg, tmp_path):

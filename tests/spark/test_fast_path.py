@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from collections.abc import Callable
 from datetime import date
@@ -658,3 +659,22 @@ def test_legacy_calendar_settings_of_the_session_do_not_reach_the_files(spark, t
     )
     got = DeltaTable(target).to_pyarrow_table().sort_by("id")
     assert got.column("d").to_pylist() == days
+
+
+def test_a_table_recreated_empty_is_refused_not_written(fast):
+    """Issue 23 trial, bug E, on the fast path: the target deleted and re-created empty
+    between runs is refused (TargetGoneError) before Spark's write job stages anything."""
+    from deltalake import write_deltalake
+
+    fast.total = 3000
+    assert fast.run() is None
+    empty = DeltaTable(fast.target).to_pyarrow_table().slice(0, 0)
+    shutil.rmtree(fast.target)
+    write_deltalake(fast.target, empty)
+    fast.total = 5000
+    failure = fast.run()
+    assert failure is not None and "TargetGoneError" in str(failure)
+    assert "no longer holds this sink's batches up to 1" in str(failure)
+    dt = DeltaTable(fast.target)
+    assert dt.version() == 0 and dt.to_pyarrow_table().num_rows == 0
+    assert not (Path(fast.target) / STAGING_ROOT).exists()

@@ -141,3 +141,27 @@ def test_record_table_inside_the_target_is_refused(pipeline):
     failure = pipeline.run(recordTable=os.path.join(pipeline.target, "records"))
     assert failure is not None and "overlap" in str(failure)
     assert not os.path.exists(pipeline.target)
+
+
+def test_a_table_recreated_empty_is_refused_not_written(pipeline):
+    """Issue 23 trial, bug E: the target deleted and re-created empty between runs. The
+    restart used to land the next batches in the new table (batches 0-2 silently gone)
+    and record a false commit; it fails with TargetGoneError, nothing staged or written."""
+    from deltalake import write_deltalake
+
+    from pyspark_txn.sinks.staging import STAGING_ROOT
+
+    pipeline.total = 3000
+    assert pipeline.run() is None
+    empty = DeltaTable(pipeline.target).to_pyarrow_table().slice(0, 0)
+    shutil.rmtree(pipeline.target)
+    write_deltalake(pipeline.target, empty)
+    pipeline.total = 5000
+    failure = pipeline.run()
+    assert failure is not None and "TargetGoneError" in str(failure)
+    assert "no longer holds this sink's batches up to 1" in str(failure)
+    dt = DeltaTable(pipeline.target)
+    assert dt.version() == 0 and dt.to_pyarrow_table().num_rows == 0
+    assert not os.path.exists(os.path.join(pipeline.target, STAGING_ROOT))
+    state = pipeline.sink_state()  # nothing recorded, no false "committed" of batch 2
+    assert state.last_record.batch_id == 2 and state.last_record.snapshot_id not in state.committed
