@@ -12,6 +12,8 @@ import uuid
 
 import pytest
 
+import pyspark_txn
+
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (dev extra)")
 pytest.importorskip("obstore", reason="obstore is not installed (s3 extra)")
 
@@ -163,3 +165,11 @@ def moto_apart(tmp_path_factory):
 @pytest.fixture
 def s3_apart(moto_apart):
     return S3(moto_apart, None)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    """One local session per test module of this folder (S3 and Azure pipelines)."""
+    session = pyspark_txn.local_session("pyspark-txn-objectstore")
+    yield session
+    session.stop()

@@ -5,16 +5,7 @@ from __future__ import annotations
 import pytest
 from s3_pipeline import S3Pipeline
 
-import pyspark_txn
-
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = pyspark_txn.local_session("pyspark-txn-azure")
-    yield session
-    session.stop()
 
 
 def test_txn_delta_on_azurite_is_exactly_once(spark, tmp_path, azure):

@@ -21,13 +21,6 @@ AWS_ENV = [k for k in os.environ if k.startswith("AWS_")]
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = pyspark_txn.local_session("pyspark-txn-objectstore")
-    yield session
-    session.stop()
-
-
 @pytest.mark.slow  # the faults test below covers the same path in the bounded set
 def test_txn_delta_on_s3_commits_every_batch_exactly_once(spark, tmp_path, s3):
     """Issue 22: batch 1 failed with 'staged files are missing' (a stale s3fs listing)."""
