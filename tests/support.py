@@ -127,3 +127,15 @@ def run_cli_process(*argv, env=None, unset=(), timeout=120):
         timeout=timeout,
     )
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """Stop a test server: SIGTERM, then SIGKILL if it is still there after 10 s."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

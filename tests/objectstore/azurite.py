@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from support import stop_process
+
 #: Azurite's published development account key (not a secret).
 DEV_ACCOUNT = "devstoreaccount1"
 DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -73,9 +75,4 @@ class Azurite:
         BlobServiceClient.from_connection_string(conn).create_container(name)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)

@@ -19,6 +19,7 @@ pytest.importorskip("obstore", reason="obstore is not installed (s3 extra)")
 
 from azurite import DEV_ACCOUNT, DEV_KEY, Azurite, azurite_binary  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
+from support import stop_process  # noqa: E402
 
 KEY = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -157,8 +158,7 @@ def moto_apart(tmp_path_factory):
                 raise RuntimeError("moto.server did not start") from None
             time.sleep(0.1)
     yield "127.0.0.1", port
-    proc.terminate()
-    proc.wait(10)
+    stop_process(proc)
     log.close()
 
 

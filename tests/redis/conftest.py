@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import stop_process
 
 import pyspark_txn
 
@@ -81,13 +82,7 @@ class RedisServer:
         return redis.Redis.from_url(self.url, socket_timeout=10)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
 
     def restart(self) -> RedisServer:
