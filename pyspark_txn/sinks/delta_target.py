@@ -265,7 +265,11 @@ class DeltaTarget(Target):
         for path in self.fs.find(self.root):
             rel = path[len(root) :] if path.startswith(root) else path
             top = rel.split("/", 1)[0]
-            if top in (STAGING_ROOT, "_delta_log") or os.path.basename(rel).startswith(ours):
+            if (
+                top in (STAGING_ROOT, "_delta_log")
+                or top.startswith(ours)  # the fast path's folder of one attempt
+                or os.path.basename(rel).startswith(ours)
+            ):
                 continue
             foreign.append(rel)
             if len(foreign) > 5:
@@ -295,14 +299,23 @@ class DeltaTarget(Target):
         }
 
     def _attempt_files(
-        self, snapshot_id: int, token: str, committed: Iterable[str] = ()
+        self,
+        snapshot_id: int,
+        token: str,
+        committed: Iterable[str] = (),
+        own_folders: list[str] | None = None,
     ) -> dict[str, int]:
         """Relative path -> size of every data file of one attempt, found through its
         markers. Folders marked only by task attempts whose files are all in
-        ``committed`` are not listed: a task that finished has no other files."""
+        ``committed`` are not listed: a task that finished has no other files.
+        The attempt's own folders found (the fast path's) are added to ``own_folders``."""
         committed = set(committed)
-        done_attempts = {_file_task_attempt(os.path.basename(h)) for h in committed}
         prefix = data_file_prefix(self.sink_id, snapshot_id, token)
+        done_attempts = {
+            _folder_task_attempt(top) if top.startswith(prefix) else _file_task_attempt(name)
+            for h in committed
+            for top, name in [(h.split("/", 1)[0], os.path.basename(h))]
+        }
         files: dict[str, int] = {}
         folders: set[str] = set()
         for rel, size in self._markers(snapshot_id, token).items():
@@ -318,6 +331,14 @@ class DeltaTarget(Target):
         for folder in folders:
             path = self._abs(folder) if folder else self.root
             if not self.fs.isdir(path):
+                continue
+            if os.path.basename(folder).startswith(prefix):
+                # a folder of the attempt's own (the fast path's Spark output, written
+                # in place): every file under it is the attempt's, Spark's leftovers too
+                if own_folders is not None:
+                    own_folders.append(folder)
+                for entry, info in self.fs.find(path, detail=True).items():
+                    files[entry[len(root) :] if entry.startswith(root) else entry] = info["size"]
                 continue
             for info in self.fs.ls(path, detail=True):
                 entry = info["name"]
@@ -364,9 +385,10 @@ class DeltaTarget(Target):
 
     def discard(self, snapshot_id: int, token: str, keep: Iterable[str] = ()) -> None:
         keep = set(keep)
+        own: list[str] = []
         stray = [
             self._abs(rel)
-            for rel in self._attempt_files(snapshot_id, token, committed=keep)
+            for rel in self._attempt_files(snapshot_id, token, committed=keep, own_folders=own)
             if rel not in keep
         ]
         if stray:
@@ -377,6 +399,14 @@ class DeltaTarget(Target):
                 snapshot_id,
             )
             self.fs.rm(stray)
+        # An attempt's own folder with no committed file in it goes whole (the empty
+        # folders of Spark's output, its _temporary/ included).
+        for folder in own:
+            if not any(k.startswith(folder + "/") for k in keep):
+                try:
+                    self.fs.rm(self._abs(folder), recursive=True)
+                except FileNotFoundError:  # (an object store: its files are gone)
+                    pass
 
     def forget(self, snapshot_id: int, token: str) -> None:
         markers = [
@@ -735,6 +765,11 @@ def add_actions(txns: Sequence[TxnHandle]) -> list:
 def _file_task_attempt(name: str) -> str:
     """``<partition>-<attempt>`` of a data file ``part-...-<partition>-<attempt>-<n>.parquet``."""
     return "-".join(name.rsplit("-", 3)[1:3])
+
+
+def _folder_task_attempt(name: str) -> str:
+    """``<partition>-<attempt>`` of an attempt's folder ``part-...-<partition>-<attempt>``."""
+    return "-".join(name.rsplit("-", 2)[1:3])
 
 
 def _marker_task_attempt(name: str) -> str:

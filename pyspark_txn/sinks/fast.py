@@ -70,7 +70,6 @@ from .staging import (
     delta_stats,
     dictionary_columns,
     fsync_folders,
-    hive_dir,
     marker_name,
     partition_value,
     snapshot_dir,
@@ -79,7 +78,6 @@ from .staging import (
 
 log = logging.getLogger(__name__)
 
-SPARK_DIR = "spark"
 # Spark's names for our codecs (lz4: the raw codec every parquet reader has).
 _SPARK_CODECS = {
     "snappy": "snappy",
@@ -334,69 +332,39 @@ class DeltaBatchWriter:
     def _stage(
         self, df, arrow_schema, batch_id: int, snapshot_id: int, token: str
     ) -> list[TxnHandle]:
-        """Run Spark's parquet write for the attempt; return the staged files' handles."""
+        """Run Spark's parquet write for the attempt straight into its folder in the
+        table; return the written files' handles."""
         opts = self.opts
         fs, root = _fs.filesystem(opts.path, opts.storage)
         local = _fs.is_local(opts.path)
         attempt = uuid.uuid4().hex[:8]
         base = _fs.join(root, snapshot_dir(opts.sink_id, snapshot_id, token))
-        spark_dir = _fs.join(base, SPARK_DIR)
+        out_rel = spark_folder(opts.sink_id, snapshot_id, token, attempt)
+        # The marker names the attempt's folder before Spark creates it: from then on
+        # discard and the sweep find (and remove) whatever Spark leaves there.
+        write_marker(fs, _fs.join(base, marker_name(0, attempt, 0)), out_rel, local)
         # Spark gets the URI its Hadoop filesystem expects (s3a:// ...), checked up front
-        spark_target = spark_uri(
-            _fs.join(opts.path, snapshot_dir(opts.sink_id, snapshot_id, token), SPARK_DIR),
-            df.sparkSession,
-            opts.storage,
-        )
+        spark_target = spark_uri(_fs.join(opts.path, out_rel), df.sparkSession, opts.storage)
         started = time.perf_counter()
         columns = [(c, arrow_schema.field(c).type) for c in opts.partition_by]
         self._spark_write(df, spark_target, [c for c, t in columns if _is_string(t)])
         wrote = time.perf_counter()
-        prefix = data_file_prefix(opts.sink_id, snapshot_id, token)
-        folders: dict[str, int] = {}  # target folder -> its marker's number
-        moves: list[_Move] = []
-        for n, (src, values) in enumerate(_spark_output(fs, spark_dir, columns)):
-            rel_dir = hive_dir(values)
-            folders.setdefault(rel_dir, len(folders))
-            name = f"{prefix}00000-{attempt}-{n:04d}.parquet"
-            rel = f"{rel_dir}/{name}" if rel_dir else name
-            moves.append(_Move(src, rel, values, _spark_partition(src)))
-        # Every folder's marker before any file goes there: from the first renamed file
-        # on, discard and the sweep find the attempt's files through them.
-        for rel_dir, k in folders.items():
-            write_marker(fs, _fs.join(base, marker_name(0, attempt, k)), rel_dir, local)
-        for rel_dir in folders:
-            if rel_dir:
-                fs.makedirs(_fs.join(root, rel_dir), exist_ok=True)
-        for i, m in enumerate(moves):
-            fs.mv(m.src, _fs.join(root, m.rel))
-            if i == 0:
-                opts.faults.hit("mid_phase1", batch_id, snapshot=snapshot_id)
+        opts.faults.hit("mid_phase1", batch_id, snapshot=snapshot_id)
         import pyarrow as pa
 
         file_schema = pa.schema([f for f in arrow_schema if f.name not in opts.partition_by])
-        with ThreadPoolExecutor(min(8, max(1, len(moves)))) as pool:
-            handles = list(pool.map(lambda m: _measure(fs, root, m, local, file_schema), moves))
-        if local:
-            fsync_folders(root, folders)
-        # Spark's leftovers (.crc files, empty task folders) go now; a crash leaves
-        # them under the attempt's folder, where discard finds them.
-        if fs.exists(spark_dir):
-            fs.rm(spark_dir, recursive=True)
+        handles = collect_spark_output(fs, root, out_rel, columns, file_schema, local)
         log.info(
-            "sink %s: snapshot %d staged by Spark: %d files in %d folders; Spark's write "
-            "%.0f ms, rename/CRC/footers/fsync %.0f ms",
+            "sink %s: snapshot %d written in place by Spark: %d files; Spark's write "
+            "%.0f ms, list/CRC/footers/fsync %.0f ms",
             opts.sink_id,
             snapshot_id,
             len(handles),
-            len(folders),
             (wrote - started) * 1000,
             (time.perf_counter() - wrote) * 1000,
         )
-        empty = [h for h in handles if h.rows == 0]
-        if empty:  # Spark writes a schema-only file for an empty batch: never committed
-            fs.rm([_fs.join(root, h.handle) for h in empty])
         opts.faults.hit("phase1", batch_id, snapshot=snapshot_id)
-        return [h for h in handles if h.rows > 0]
+        return handles
 
     def _spark_write(self, df, spark_dir: str, tagged: Sequence[str]) -> None:
         """Spark's write of the batch into ``spark_dir`` (string partition columns tagged,
@@ -439,7 +407,7 @@ class DeltaBatchWriter:
 # the job, so only the files of the task attempts Spark committed may be there. Spark's
 # Hadoop protocol with a FileOutputCommitter (algorithm 1, _HADOOP_OPTIONS) publishes
 # committed tasks' files at job commit and nothing else: a failed or lost attempt's
-# files stay under _temporary/, which _spark_output skips and _stage deletes. A
+# files stay under _temporary/, which _spark_output skips and collect_spark_output deletes. A
 # committer of the session's that writes into the output folder directly (Databricks'
 # transactional protocol, any committer that is no FileOutputCommitter: Spark writes
 # straight into the folder then) leaves a failed attempt's files next to the committed
@@ -456,7 +424,15 @@ _WRITE_CONF = {
 # Hadoop settings of the write (options of the writer): algorithm 2 moves a task's files
 # into the output folder at task commit, where a task that fails after its commit, or
 # a commit cut half way, leaves them.
-_HADOOP_OPTIONS = {"mapreduce.fileoutputcommitter.algorithm.version": "1"}
+#
+# And no ``.crc`` file beside each file on local disks (Hadoop's checksummed local
+# FileSystem writes one, computing it as it writes): the raw local FileSystem, not
+# cached, so the session's own stays as it is. (Object stores have no ``.crc``.)
+_HADOOP_OPTIONS = {
+    "mapreduce.fileoutputcommitter.algorithm.version": "1",
+    "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    "fs.file.impl.disable.cache": "true",
+}
 
 
 def _roll_back(undo: Callable[[], None], sink_id: str, batch_id: int) -> None:
@@ -592,22 +568,37 @@ def _is_string(t) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
+def spark_folder(sink_id: str, snapshot_id: int, token: str, attempt: str) -> str:
+    """The folder of the table (relative to its root) Spark writes one attempt into.
+    Its name starts with the attempt's data file prefix and is the attempt's alone:
+    every file under it is the attempt's (``DeltaTarget`` lists it whole, through the
+    marker that names it)."""
+    return f"{data_file_prefix(sink_id, snapshot_id, token)}00000-{attempt}"
+
+
+def _is_data_file(folders: Sequence[str], name: str) -> bool:
+    return (
+        name.startswith("part-")
+        and name.endswith(".parquet")
+        and not any(f.startswith(("_", ".")) for f in folders)
+    )
+
+
 def _spark_output(
-    fs, spark_dir: str, columns: Sequence[tuple[str, Any]]
-) -> list[tuple[str, dict[str, str | None]]]:
-    """Spark's data files under ``spark_dir``, sorted, each with its partition values
-    as ``txn-delta`` spells them. Spark's own files (``_SUCCESS``, ``.crc``,
-    ``_temporary``) are not data files."""
-    if not fs.exists(spark_dir):
-        return []
-    top = spark_dir.rstrip("/") + "/"
-    out = []
-    for path in sorted(fs.find(spark_dir)):
+    fs, out: str, columns: Sequence[tuple[str, Any]]
+) -> tuple[list[tuple[str, dict[str, str | None], int]], list[str]]:
+    """Spark's data files under ``out`` (sorted, each with its partition values as
+    ``txn-delta`` spells them, and its size), and everything else there: Spark's own
+    files (``_SUCCESS``, ``.crc``, ``_temporary/``), which are no data files."""
+    if not fs.exists(out):
+        return [], []
+    top = out.rstrip("/") + "/"
+    data, other = [], []
+    for path, info in sorted(fs.find(out, detail=True).items()):
         rel = path[len(top) :] if path.startswith(top) else path
         *folders, name = rel.split("/")
-        if not (name.startswith("part-") and name.endswith(".parquet")) or (
-            folders and folders[0] == "_temporary"
-        ):
+        if not _is_data_file(folders, name):
+            other.append(path)
             continue
         if len(folders) != len(columns):
             raise ProtocolViolation(
@@ -622,8 +613,49 @@ def _spark_output(
                     f"Spark's output folder {folder!r} is not one of partition column {column!r}"
                 )
             values[column] = _folder_value(column, raw, t)
-        out.append((path, values))
-    return out
+        data.append((path, values, int(info.get("size") or 0)))
+    return data, other
+
+
+def collect_spark_output(
+    fs, root: str, out_rel: str, columns: Sequence[tuple[str, Any]], file_schema, local: bool
+) -> list[TxnHandle]:
+    """The handles of the files Spark's write left in the table's folder ``out_rel``
+    (relative to ``root``), files written in place: nothing is copied or renamed.
+
+    Whatever else Spark left there (``_temporary/``, ``.crc``, ``_SUCCESS``) and the
+    schema-only file of an empty batch are removed first, so once the batch is
+    committed its folder holds exactly its committed files; a crash before that leaves
+    them in the attempt's folder, which its marker names. Each file is read once for
+    its CRC32 and footer (rows, Delta stats), in parallel, and fsynced with its folders
+    (local disks)."""
+    out = _fs.join(root, out_rel)
+    found, other = _spark_output(fs, out, columns)
+    if other:
+        files = [p for p in other if not fs.isdir(p)]
+        if files:
+            fs.rm(files)
+        temporary = _fs.join(out, "_temporary")
+        if fs.exists(temporary):
+            fs.rm(temporary, recursive=True)
+    top = root.rstrip("/") + "/"
+    moves = [
+        _Move(p[len(top) :] if p.startswith(top) else p, values, _spark_partition(p))
+        for p, values, _ in found
+    ]
+    with ThreadPoolExecutor(min(8, max(1, len(moves)))) as pool:
+        handles = list(pool.map(lambda m: _measure(fs, root, m, local, file_schema), moves))
+    empty = [h for h in handles if h.rows == 0]
+    if empty:  # Spark writes a schema-only file for an empty batch: never committed
+        fs.rm([_fs.join(root, h.handle) for h in empty])
+    handles = [h for h in handles if h.rows > 0]
+    if not handles:
+        if fs.exists(out):
+            fs.rm(out, recursive=True)
+        return []
+    if local:
+        fsync_folders(root, {os.path.dirname(h.handle) for h in handles})
+    return handles
 
 
 def _unescape(text: str) -> str:
@@ -671,9 +703,8 @@ def _spark_partition(path: str) -> int:
 
 @dataclass(frozen=True)
 class _Move:
-    """One of Spark's files and where it goes in the table (relative to the root)."""
+    """One of Spark's files in the table (relative to the root)."""
 
-    src: str
     rel: str
     values: Mapping[str, str | None]
     partition: int

@@ -178,24 +178,17 @@ def test_fast_path_on_s3_is_refused_before_the_first_batch_writes(spark, tmp_pat
     assert s3.keys("fast/") == []
 
 
-def test_fast_path_commit_side_on_s3(spark, tmp_path, s3_apart, monkeypatch):
-    """The fast path after Spark's write, on S3: Spark's S3A cannot run here, so Spark's
-    files are placed where S3A would put them (the s3a:// URI the writer hands Spark,
-    part-NNNNN-<uuid>-c000.snappy.parquet), and the rest runs for real: listing, markers,
-    moves into the table, footers, the record and the Delta commit, over 3 batches.
-    foreachBatch runs in this process: the S3 server runs in another (s3_apart)."""
-    s3 = s3_apart
+def _placed_by_spark(storage, handed: list[str], placed: list[str], leftovers: bool):
+    """A fast-path writer whose Spark write is replaced by files placed where S3A would
+    put them: into the s3a:// URI the writer hands Spark (the attempt's folder in the
+    table), as part-NNNNN-<uuid>-c000.snappy.parquet; with ``leftovers``, also what a
+    FileOutputCommitter job leaves when it is cut short: a task attempt's file under
+    _temporary/ and a _SUCCESS."""
     import uuid
 
     import pyarrow.parquet as pq
 
     from pyspark_txn.sinks import fast
-    from pyspark_txn.storage import StorageOptions
-
-    # PySpark's Hadoop has no S3AFileSystem (the refusal is tested above)
-    monkeypatch.setattr(fast, "_check_hadoop_filesystem", lambda *a, **k: None)
-    storage = StorageOptions.parse(json.dumps(s3.options))
-    handed: list[str] = []
 
     class PlacedBySpark(fast.DeltaBatchWriter):
         def _spark_write(self, df, spark_dir, tagged):
@@ -204,9 +197,36 @@ def test_fast_path_commit_side_on_s3(spark, tmp_path, s3_apart, monkeypatch):
             table = df.toArrow()
             half = table.num_rows // 2
             for n, part in enumerate((table.slice(0, half), table.slice(half))):
-                with fs.open(f"{root}/part-{n:05d}-{uuid.uuid4()}-c000.snappy.parquet", "wb") as f:
+                path = f"{root}/part-{n:05d}-{uuid.uuid4()}-c000.snappy.parquet"
+                with fs.open(path, "wb") as f:
                     pq.write_table(part, f)
+                placed.append(path.split("/target/", 1)[1])
+            if leftovers:
+                task = f"{root}/_temporary/0/_temporary/attempt_202611250000_0001_m_000002_7"
+                with fs.open(f"{task}/part-00002-{uuid.uuid4()}-c000.snappy.parquet", "wb") as f:
+                    pq.write_table(table, f)
+                with fs.open(f"{root}/_SUCCESS", "wb") as f:
+                    f.write(b"")
 
+    return PlacedBySpark
+
+
+def test_fast_path_commit_side_on_s3(spark, tmp_path, s3_apart, monkeypatch):
+    """The fast path after Spark's write, on S3: Spark's S3A cannot run here, so Spark's
+    files are placed where S3A would put them (the s3a:// URI the writer hands Spark),
+    and the rest runs for real: listing, markers, footers, the record and the Delta
+    commit, over 3 batches. The committed objects are the ones placed: written in
+    place, nothing copied. foreachBatch runs in this process: the S3 server runs in
+    another (s3_apart)."""
+    s3 = s3_apart
+    from pyspark_txn.sinks import fast
+    from pyspark_txn.storage import StorageOptions
+
+    # PySpark's Hadoop has no S3AFileSystem (the refusal is tested above)
+    monkeypatch.setattr(fast, "_check_hadoop_filesystem", lambda *a, **k: None)
+    storage = StorageOptions.parse(json.dumps(s3.options))
+    handed: list[str] = []
+    placed: list[str] = []
     p = S3Pipeline(spark, tmp_path, s3, total=300, per_batch=100)
     writer = fast.delta_batch_writer(
         path=p.target,
@@ -214,13 +234,63 @@ def test_fast_path_commit_side_on_s3(spark, tmp_path, s3_apart, monkeypatch):
         recordTable=p.records,
         storageOptions=json.dumps(s3.options),
     )
-    writer.__class__ = PlacedBySpark
+    writer.__class__ = _placed_by_spark(storage, handed, placed, leftovers=False)
     q = p.source().writeStream.foreachBatch(writer).option("checkpointLocation", p.checkpoint)
     pyspark_txn.process_available(q)
-    assert handed and all(u.startswith(f"s3a://{s3.bucket}/target/") for u in handed), handed
+    prefix = f"s3a://{s3.bucket}/target/part-"
+    assert len(handed) == 3 and all(u.startswith(prefix) for u in handed), handed
     p.assert_exactly_once()
     p.assert_no_orphans()
     p.assert_records_consistent()
+    live = sorted(u.split("/target/", 1)[1] for u in p.dt().file_uris())
+    assert live == sorted(placed)  # the very objects Spark wrote: none copied
+
+
+@pytest.mark.parametrize("fault", ["mid_phase1:raise@batch=1", "before_record:raise@batch=1"])
+def test_fast_path_on_s3_a_crashed_attempt_s_objects_are_removed(
+    spark, tmp_path, s3_apart, monkeypatch, fault
+):
+    """An attempt that fails after Spark wrote into the table (its files, a lost task's
+    file under _temporary/, a _SUCCESS): recovery at the restart finds them through the
+    attempt's marker and removes them all, objects under _temporary/ included; every
+    committed batch's own leftovers are removed before its commit."""
+    s3 = s3_apart
+    from pyspark_txn.sinks import fast
+    from pyspark_txn.storage import StorageOptions
+
+    monkeypatch.setattr(fast, "_check_hadoop_filesystem", lambda *a, **k: None)
+    storage = StorageOptions.parse(json.dumps(s3.options))
+    handed: list[str] = []
+    placed: list[str] = []
+    p = S3Pipeline(spark, tmp_path, s3, total=300, per_batch=100)
+
+    def run(faults: str | None) -> Exception | None:
+        options = {"faultInjection": faults} if faults else {}
+        writer = fast.delta_batch_writer(
+            path=p.target,
+            checkpoint=p.checkpoint,
+            recordTable=p.records,
+            storageOptions=json.dumps(s3.options),
+            **options,
+        )
+        writer.__class__ = _placed_by_spark(storage, handed, placed, leftovers=True)
+        q = p.source().writeStream.foreachBatch(writer).option("checkpointLocation", p.checkpoint)
+        try:
+            pyspark_txn.process_available(q)
+        except Exception as e:
+            return e
+        return None
+
+    assert "injected fault" in str(run(fault))
+    crashed = handed[-1].split("/target/", 1)[1]
+    left = s3.keys(f"target/{crashed}/")
+    assert any("/_temporary/" in k for k in left) and any("/part-00000-" in k for k in left)
+    assert run(None) is None
+    p.assert_exactly_once()
+    p.assert_no_orphans()  # no object of the crashed attempt, none under _temporary/
+    p.assert_records_consistent()
+    assert s3.keys(f"target/{crashed}/") == []
+    assert not [k for k in s3.keys("target/") if "_temporary" in k or k.endswith("_SUCCESS")]
 
 
 @pytest.mark.slow

@@ -105,10 +105,20 @@ def test_several_batches_exactly_once(fast):
     # every record carries Spark's offsets of its batch and the run that wrote it
     rec = state.records[4]
     assert rec.source_offsets and rec.run_id == state.epoch_owner
-    # staged by Spark's writer: the committed files are the staging layout's names
-    files = [os.path.basename(u) for u in DeltaTable(fast.target).file_uris()]
-    assert files and all(f.startswith(f"part-{state.sink_id}-") for f in files)
-    assert not (Path(fast.target) / "txn-staged" / state.sink_id / "spark").exists()
+    # written in place by Spark's writer: each batch's files in a folder of the table
+    # named after its attempt (nothing renamed), nothing but data files there
+    root = Path(fast.target)
+    files = [
+        Path(u.removeprefix("file://")).relative_to(root)
+        for u in DeltaTable(fast.target).file_uris()
+    ]
+    assert files and all(f.parts[0].startswith(f"part-{state.sink_id}-") for f in files)
+    assert all(f.name.startswith("part-0") and len(f.parts) == 2 for f in files)
+    assert {f.parts[0] for f in files} == {
+        p.name for p in root.iterdir() if p.name not in ("_delta_log", STAGING_ROOT)
+    }
+    assert len({f.parts[0] for f in files}) == 5  # one folder per batch
+    assert not any(p.name.endswith(".crc") for p in root.rglob("*"))
 
 
 CASES = [
@@ -378,7 +388,7 @@ def _folders(target: str) -> set[str]:
 
 def test_partition_values_and_folders_are_txn_delta_s(spark, tmp_path):
     """The same rows through txn-delta and the fast path: the same partitionValues in
-    the log, the same folders on disk, the same rows read back."""
+    the log, a folder per partition on disk, the same rows read back."""
     n = len(STRINGS)
     longs = [-(2**63), -1, 0, 7, 2**40, None]
     dates = [date(1, 1, 1), date(2024, 2, 29), date(9999, 12, 31), date(1582, 10, 4), None]
@@ -411,16 +421,23 @@ def test_partition_values_and_folders_are_txn_delta_s(spark, tmp_path):
         pyspark_txn.process_available(w.option("checkpointLocation", chk))
         targets[kind] = target
     fast_adds, txn_adds = _log_adds(targets["fast"]), _log_adds(targets["txn"])
+    parts_list = parts.split(",")
 
-    def layout(adds):
-        return {
-            (os.path.dirname(a["path"]), json.dumps(a["partitionValues"], sort_keys=True))
-            for a in adds
-        }
+    def values(adds):
+        return sorted(json.dumps(a["partitionValues"], sort_keys=True) for a in adds)
 
-    assert layout(fast_adds) == layout(txn_adds)
-    assert len(layout(fast_adds)) == n  # a folder per row (i is unique)
-    assert _folders(targets["fast"]) == _folders(targets["txn"])
+    assert values(fast_adds) == values(txn_adds)
+    assert len(set(values(fast_adds))) == n  # a folder per row (i is unique)
+    # Spark wrote the files in place: in the attempt's folder, one c=v/ folder per
+    # partition column below it (Spark's names: the values come from the log)
+    tops = {unquote(a["path"]).split("/", 1)[0] for a in fast_adds}
+    assert len(tops) == 1 and next(iter(tops)).startswith("part-")
+    folders = _folders(targets["fast"])
+    assert len(folders) == n
+    for folder in folders:
+        top, *sub = folder.split("/")
+        assert top in tops and [p.split("=", 1)[0] for p in sub] == parts_list
+    assert len(_folders(targets["txn"])) == n
     got = DeltaTable(targets["fast"]).to_pyarrow_table().sort_by("id")
     want = DeltaTable(targets["txn"]).to_pyarrow_table().sort_by("id")
     assert got.select(want.column_names).equals(want)
