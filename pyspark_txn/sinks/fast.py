@@ -16,21 +16,21 @@ Per batch (all in the driver, in the ``foreachBatch`` callback):
    holds is skipped;
 2. allocate a snapshot id and token (light mode: ``LIGHT_SNAPSHOT_ID`` and a
    fresh token);
-3. run Spark's write (``partitionBy`` for partitioned tables, rows never
-   leave the JVM) into ``txn-staged/<sink>/<snapshot>-<token>/spark/``, with
-   Spark's Hadoop commit protocol and FileOutputCommitter algorithm 1 whatever
-   the session sets (``_WRITE_CONF``), so that outside ``_temporary/`` the
-   folder holds the files of the task attempts Spark committed and no other:
-   every file Spark leaves there (task temporaries, ``.crc``, a failed job's
-   output) is under the attempt's staging folder, which the sweep and
-   ``discard`` already list;
-4. map each of Spark's ``c=v/`` folders to the partition values ``txn-delta``
-   would write for the same rows, write one marker per target folder
-   (``hive_dir``) into the attempt's staging folder, then rename each
-   parquet file there under the staging layout's name
-   ``part-<sink>-<snapshot>-<token>-00000-<attempt>-<n>.parquet`` and read
-   its bytes for size and CRC32 a chunk at a time and its footer (rows, Delta
-   stats) by itself, never the whole file in memory, fsync (local disks);
+3. write one marker into the attempt's staging folder naming the attempt's own
+   folder of the table, ``part-<sink>-<snapshot>-<token>-00000-<attempt>/``
+   (``spark_folder``), then run Spark's write (``partitionBy`` for partitioned
+   tables, rows never leave the JVM) straight into it, with Spark's Hadoop
+   commit protocol and FileOutputCommitter algorithm 1 whatever the session
+   sets (``_WRITE_CONF``), so that outside ``_temporary/`` the folder holds the
+   files of the task attempts Spark committed and no other. Every file Spark
+   leaves there (task temporaries, a failed job's output) is in a folder the
+   marker names, which the sweep and ``discard`` list whole;
+4. list the folder: map each of Spark's ``c=v/`` folders to the partition
+   values ``txn-delta`` would write for the same rows, remove what is no data
+   file (``_temporary/``, ``_SUCCESS``), read each file's bytes for size and
+   CRC32 a chunk at a time and its footer (rows, Delta stats) by itself, never
+   the whole file in memory, in parallel, and fsync (local disks). Nothing is
+   renamed or copied: the files are committed where Spark wrote them;
 5. commit (``TwoPhaseCommitter.commit`` with Spark's offsets of the batch and
    Spark's run id, or ``LightCommitter.commit``); on any failure before that
    returns, abort as Spark's abort does for ``txn-delta``.
@@ -632,6 +632,7 @@ def collect_spark_output(
     out = _fs.join(root, out_rel)
     found, other = _spark_output(fs, out, columns)
     if other:
+        log.debug("removing Spark's files that are no data files: %s", other)
         files = [p for p in other if not fs.isdir(p)]
         if files:
             fs.rm(files)

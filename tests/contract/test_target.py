@@ -569,6 +569,51 @@ def test_a_failed_spark_write_in_the_attempt_folder_is_found_discarded_and_forgo
     assert (7, tok) not in target.staged_attempts()
 
 
+def test_the_fast_path_s_own_folder_in_the_table_is_found_whole(delta):
+    """The fast path's in-place layout: Spark writes into the attempt's own folder of
+    the table, ``part-<sink>-<snapshot>-<token>-00000-<attempt>/``, which its marker
+    names. Uncommitted, ``discard`` removes the folder whole (data files in c=v/
+    folders, a lost task's file under _temporary/, _SUCCESS); committed, the kept
+    files stay and the folder is not even listed; a first attempt's folder is the
+    sink's own for the new-table check."""
+    import pathlib
+
+    from pyspark_txn.sinks.fast import spark_folder
+    from pyspark_txn.sinks.staging import snapshot_dir
+
+    target, root = delta.target, pathlib.Path(delta.uri)
+    tok = new_token()
+    folder = spark_folder(SINK, 7, tok, "abcdef01")
+    base = root / snapshot_dir(SINK, 7, tok)
+    base.mkdir(parents=True)
+    (base / "00000-abcdef01-0000.dir").write_text(folder)
+    out = root / folder
+    files = [
+        out / "p=va" / "part-00000-x.c000.snappy.parquet",
+        out / "p=vb" / "part-00001-y.c000.snappy.parquet",
+    ]
+    for f in files:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"p")
+    task = out / "_temporary" / "0" / "_temporary" / "attempt_1_0001_m_000002_3"
+    task.mkdir(parents=True)
+    (task / "part-00002-z.c000.snappy.parquet").write_bytes(b"t")
+    (out / "_SUCCESS").write_bytes(b"")
+    other = root / f"part-{SINK}-{7:012d}-{tok}-00000-abcdef02-0000.parquet"  # not marked
+    other.write_bytes(b"o")
+    target._check_no_foreign_files()  # the attempt's folder is the sink's own
+    kept = [str(f.relative_to(root)) for f in files]
+    target.discard(7, tok, keep=kept)  # committed: nothing of it goes
+    assert all(f.exists() for f in files) and (out / "_SUCCESS").exists()
+    target.discard(7, tok)
+    assert not out.exists()
+    assert other.exists()  # only what the markers name is the attempt's
+    left = sorted(p for p in root.rglob("*") if p.is_file())
+    assert left == sorted([base / "00000-abcdef01-0000.dir", other])
+    target.forget(7, tok)
+    assert not base.exists()
+
+
 @pytest.mark.parametrize("where", ["proc", "under-a-file"])
 def test_an_unwritable_path_or_record_table_is_named(tmp_path, where):
     """Not a bare OSError of a write task, nor delta-rs' TableNotFoundError inside
