@@ -247,18 +247,22 @@ def test_fast_path_commit_side_on_s3(spark, tmp_path, s3_apart, monkeypatch):
 
 
 @pytest.mark.parametrize("fault", ["mid_phase1:raise@batch=1", "before_record:raise@batch=1"])
+@pytest.mark.parametrize("killed", [False, True], ids=["aborted", "killed"])
 def test_fast_path_on_s3_a_crashed_attempt_s_objects_are_removed(
-    spark, tmp_path, s3_apart, monkeypatch, fault
+    spark, tmp_path, s3_apart, monkeypatch, fault, killed
 ):
     """An attempt that fails after Spark wrote into the table (its files, a lost task's
-    file under _temporary/, a _SUCCESS): recovery at the restart finds them through the
-    attempt's marker and removes them all, objects under _temporary/ included; every
-    committed batch's own leftovers are removed before its commit."""
+    file under _temporary/, a _SUCCESS): the abort removes them all, objects under
+    _temporary/ included; and when no abort runs (a killed driver: the roll back
+    skipped), the restart's recovery finds them through the attempt's marker and
+    removes them. Every committed batch's own leftovers are removed before its commit."""
     s3 = s3_apart
     from pyspark_txn.sinks import fast
     from pyspark_txn.storage import StorageOptions
 
     monkeypatch.setattr(fast, "_check_hadoop_filesystem", lambda *a, **k: None)
+    if killed:
+        monkeypatch.setattr(fast, "_roll_back", lambda *a, **k: None)
     storage = StorageOptions.parse(json.dumps(s3.options))
     handed: list[str] = []
     placed: list[str] = []
@@ -284,7 +288,14 @@ def test_fast_path_on_s3_a_crashed_attempt_s_objects_are_removed(
     assert "injected fault" in str(run(fault))
     crashed = handed[-1].split("/target/", 1)[1]
     left = s3.keys(f"target/{crashed}/")
-    assert any("/_temporary/" in k for k in left) and any("/part-00000-" in k for k in left)
+    if killed:  # what Spark wrote is in the table, not committed
+        assert any("/part-00000-" in k for k in left), left
+        if fault.startswith("mid_phase1"):  # (not measured yet: _temporary/ still there)
+            assert any("/_temporary/" in k for k in left), left
+    else:
+        assert left == []
+    monkeypatch.undo()
+    monkeypatch.setattr(fast, "_check_hadoop_filesystem", lambda *a, **k: None)
     assert run(None) is None
     p.assert_exactly_once()
     p.assert_no_orphans()  # no object of the crashed attempt, none under _temporary/
