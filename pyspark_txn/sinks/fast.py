@@ -281,8 +281,14 @@ class DeltaBatchWriter:
             query_id=query_id,
             query_name=job.query_name or opts.query_name,
         )
-        last = committer.load().last_record
-        replay = last is not None and batch_id <= last.batch_id
+        if job.run_id is not None and self._written == (job.run_id, batch_id - 1):
+            # This run committed the batch before; Spark runs a run's batches in order,
+            # so this one is no replay and the record table need not be read for it
+            # here (the committer reads it anyway; a newer run fences the commit).
+            replay = False
+        else:
+            last = committer.load().last_record
+            replay = last is not None and batch_id <= last.batch_id
         snapshot_id, token = committer.allocate({"uri": opts.path})
         try:
             # A replay was decided before: the committer recognises it (or a checkpoint
