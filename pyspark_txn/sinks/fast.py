@@ -192,8 +192,9 @@ def _spark_job(spark, connect_run: str | None) -> _SparkJob:
 
 
 class DeltaBatchWriter:
-    """The ``foreachBatch`` callable. Holds only options; every batch reads the record
-    table afresh (nothing per process stands for a run)."""
+    """The ``foreachBatch`` callable. Holds options, and the (run, batch) it committed
+    last: only to skip the replay check's read of the record table for the batch
+    after it (the committer reads the record table afresh for every batch)."""
 
     def __init__(self, opts: DeltaSinkOptions) -> None:
         self._given = opts
