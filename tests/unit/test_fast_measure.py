@@ -22,7 +22,7 @@ def test_a_staged_file_is_measured_a_chunk_at_a_time(tmp_path):
     data = (tmp_path / "f").read_bytes()
     size, crc = len(data), zlib.crc32(data)
     del data, blobs
-    move = fast._Move(src="", rel="f", values={}, partition=3)
+    move = fast._Move(rel="f", values={}, partition=3)
     tracemalloc.start()
     try:
         handle = fast._measure(fsspec.filesystem("file"), str(tmp_path), move, True, schema)
