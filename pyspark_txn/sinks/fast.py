@@ -640,9 +640,7 @@ def collect_spark_output(
     found, other = _spark_output(fs, out, columns)
     if other:
         log.debug("removing Spark's files that are no data files: %s", other)
-        files = [p for p in other if not fs.isdir(p)]
-        if files:
-            fs.rm(files)
+        fs.rm(other)  # (files only: find lists no folders)
         temporary = _fs.join(out, "_temporary")
         if fs.exists(temporary):
             fs.rm(temporary, recursive=True)
