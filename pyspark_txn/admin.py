@@ -27,9 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 from urllib.parse import unquote
 
-from . import _fs, storage
-from ._options import check_location
-from .checkpoint import RECORDS_DIR, read_sink_file
+from . import storage
 from .errors import ConfigError, TxnError
 from .sinks.twophase import (
     SPARK_ABORT_REASON,
@@ -39,6 +37,7 @@ from .sinks.twophase import (
     lost_batches,
     target_lost,
 )
+from .spark.options import check_location
 from .state import (
     DeltaEventLog,
     EventKind,
@@ -49,6 +48,8 @@ from .state import (
 )
 from .state.core import is_export_token
 from .state.events import arrow_schema as record_table_schema
+from .storage import fs as _fs
+from .storage.checkpoint import RECORDS_DIR, read_sink_file
 
 log = logging.getLogger(__name__)
 
@@ -561,7 +562,7 @@ def _view(handle: SinkHandle, target) -> _TargetView:
             staged_attempts=len({parse_gid(g, handle.sink_id) for g in gids}),
             staged_txns=len(gids),
         )
-    from ._delta import open_table
+    from .storage.delta_tables import open_table
 
     assert handle.target_uri is not None
     dt = open_table(handle.target_uri, dict(handle.storage_options))
@@ -576,7 +577,7 @@ def _view(handle: SinkHandle, target) -> _TargetView:
 @_in_handle_storage
 def sink_status(handle: SinkHandle) -> SinkStatus:
     """Read-only summary of one sink from its record table, target and checkpoint."""
-    from .checkpoint import latest_batch
+    from .storage.checkpoint import latest_batch
 
     store = handle.record_store()
     events = store.events(handle.sink_id)
@@ -993,7 +994,7 @@ def _table_files(handle: SinkHandle) -> tuple[int, set[str]] | None:
     """(version, relative paths) of the target now; None if there is no table."""
     import pyarrow as pa
 
-    from ._delta import open_table
+    from .storage.delta_tables import open_table
 
     if handle.target_uri is None:
         return None

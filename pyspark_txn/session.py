@@ -15,7 +15,7 @@ def register(spark) -> list[str]:
     Raises :class:`~pyspark_txn.errors.SparkFeatureError` naming what the
     installed PySpark lacks, before anything is registered.
     """
-    from .spark_features import require_spark
+    from .spark.features import require_spark
 
     require_spark()
     from .formats import ALL_FORMATS
@@ -35,7 +35,7 @@ def local_session(app_name: str = "pyspark-txn", cores: int = 2, **conf: str):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from .spark_features import require_spark
+    from .spark.features import require_spark
 
     require_spark()  # before a JVM starts for nothing
     from pyspark.sql import SparkSession

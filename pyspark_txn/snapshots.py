@@ -40,10 +40,9 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import unquote
 
-from . import _fs, admin
-from ._options import check_location
-from .checkpoint import SINK_FILE, latest_batch
+from . import admin
 from .errors import ConfigError, CorruptSnapshotError, IndeterminateCommitError, TxnError
+from .spark.options import check_location
 from .state import SinkState, SnapshotRecord, allocate, fold_sink
 from .state.core import (
     EXPORT_TOKEN_PREFIX,
@@ -58,7 +57,9 @@ from .state.core import (
 from .state.core import abandon as abandon_event
 from .state.core import request_export as request_export_event
 from .state_export import has_state
-from .storage import StorageOptions, current, takes_storage_options
+from .storage import fs as _fs
+from .storage.checkpoint import SINK_FILE, latest_batch
+from .storage.options import StorageOptions, current, takes_storage_options
 
 log = logging.getLogger(__name__)
 

@@ -210,7 +210,7 @@ def spark_to_arrow_schema(spark_schema, target: str = "a Delta table"):
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
 
-    from ..spark_features import utc_arrow_schema_kwargs
+    from ..spark.features import utc_arrow_schema_kwargs
 
     fields = []
     for f in spark_schema.fields:

@@ -17,18 +17,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from .. import _fs
-from .._options import check_location, parse_storage_options, reject_unknown_options
-from ..checkpoint import (
+from ..errors import ConfigError
+from ..faults import FaultPlan
+from ..spark.options import check_location, parse_storage_options, reject_unknown_options
+from ..state import DEFAULT_RETAIN_SNAPSHOTS, DeltaEventLog, RecordStore, TxnHandle, new_token
+from ..storage import fs as _fs
+from ..storage.checkpoint import (
     default_record_table,
     persisted_sink_id,
     read_batch_offsets,
     read_query_id,
 )
-from ..errors import ConfigError
-from ..faults import FaultPlan
-from ..state import DEFAULT_RETAIN_SNAPSHOTS, DeltaEventLog, RecordStore, TxnHandle, new_token
-from ..storage import StorageOptions, using
+from ..storage.options import StorageOptions, using
 from ._spark import (
     TxnCommitMessage,
     WriterBase,

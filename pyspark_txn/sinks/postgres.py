@@ -19,17 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import _fs
-from .._options import check_location, reject_unknown_options
-from ..checkpoint import (
-    default_record_table,
-    latest_batch,
-    persisted_sink_id,
-    read_batch_offsets,
-    read_query_id,
-)
 from ..errors import ConfigError, ProtocolViolation, TxnError
 from ..faults import FaultPlan
+from ..spark.options import check_location, reject_unknown_options
 from ..state import (
     DEFAULT_RETAIN_SNAPSHOTS,
     DeltaEventLog,
@@ -38,6 +30,14 @@ from ..state import (
     SinkState,
     TxnHandle,
     decide,
+)
+from ..storage import fs as _fs
+from ..storage.checkpoint import (
+    default_record_table,
+    latest_batch,
+    persisted_sink_id,
+    read_batch_offsets,
+    read_query_id,
 )
 from ._spark import (
     TxnCommitMessage,

@@ -41,11 +41,11 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from .. import _fs
-from .._options import check_location, parse_storage_options, reject_unknown_options
 from ..errors import ConfigError, SourceError
 from ..sinks.delta import spark_to_arrow_schema
-from ..storage import StorageOptions
+from ..spark.options import check_location, parse_storage_options, reject_unknown_options
+from ..storage import fs as _fs
+from ..storage.options import StorageOptions
 from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order
 from ._deletion_vectors import load_deletion_vector
 from ._partition_values import DECIMAL_TYPE, INTEGRAL_TYPES, parse_partition_value, type_name

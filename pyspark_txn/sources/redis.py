@@ -63,9 +63,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pyspark.sql.datasource import DataSource
 
-from .._options import parse_choice, parse_storage_options, reject_unknown_options
 from ..errors import ConfigError, SourceError
 from ..faults import FaultPlan
+from ..spark.options import parse_choice, parse_storage_options, reject_unknown_options
 from .acknowledging import (
     AcknowledgingStreamReader,
     Broker,

@@ -631,8 +631,8 @@ def test_delete_through_a_symlink_removes_the_copy(sink, tmp_path):
 
 
 def test_a_failed_cleanup_removes_only_what_the_export_wrote(sink, tmp_path):
-    from pyspark_txn import _fs
     from pyspark_txn.snapshots import _remove_export
+    from pyspark_txn.storage import fs as _fs
 
     root = tmp_path / "e"
     snapshots.export(sink.chk, "e", str(root))

@@ -573,7 +573,7 @@ def test_a_failed_spark_write_in_the_attempt_folder_is_found_discarded_and_forgo
 def test_an_unwritable_path_or_record_table_is_named(tmp_path, where):
     """Not a bare OSError of a write task, nor delta-rs' TableNotFoundError inside
     Spark's pickling (issue 23 item 13)."""
-    from pyspark_txn.state.delta_log import DeltaEventLog
+    from pyspark_txn.state.backends.delta_log import DeltaEventLog
 
     (tmp_path / "a-file").write_text("x")
     base = "/proc/pyspark-txn-test" if where == "proc" else str(tmp_path / "a-file")
