@@ -19,6 +19,7 @@ from .errors import (
     UnsupportedFormatVersion,
 )
 from .session import local_session, process_available, register
+from .sinks import hooks as _hooks
 
 __version__ = "0.1.0"
 
@@ -31,6 +32,17 @@ def delta_batch_writer(path: str, checkpoint: str, **options):
 
     return make(path, checkpoint, **options)
 
+
+def _serve_sink_exports(site, state, record, version) -> None:
+    """The sinks' export server (:mod:`pyspark_txn.sinks.hooks`): this package's top is
+    where the sinks meet the operations, so neither imports the other. Imported lazily:
+    only a commit with pending export requests needs it."""
+    from .operations.snapshots.requests import serve_sink_exports
+
+    serve_sink_exports(site, state, record, version)
+
+
+_hooks.set_export_server(_serve_sink_exports)
 
 __all__ = [
     "CheckpointMismatchError",

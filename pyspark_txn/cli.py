@@ -392,7 +392,7 @@ def _named_lines(n) -> list[str]:
 
 def _state_spark(args: argparse.Namespace):
     """A local SparkSession when the export must read a stateful query's state tables."""
-    from .state_export import has_state
+    from .operations.state_export import has_state
 
     if args.state == "skip":
         return None

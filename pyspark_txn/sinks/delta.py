@@ -45,6 +45,7 @@ from ._spark import (
     worker_logging,
 )
 from .delta_target import DeltaTarget, check_writable_schema, schema_to_b64
+from .hooks import ExportSite, serve_exports
 from .light import LIGHT_SNAPSHOT_ID, LightCommitter
 from .staging import PARQUET_CODECS, StagingConfig, stage_partition
 from .twophase import TwoPhaseCommitter
@@ -312,10 +313,7 @@ class DeltaSinkOptions:
         )
 
     def _serve_exports(self, state, record, version) -> None:
-        from .. import snapshots
-        from ..admin import SinkHandle
-
-        handle = SinkHandle(
+        site = ExportSite(
             record_table=self.record_table,
             sink_id=self.sink_id,
             target_uri=self.path,
@@ -325,7 +323,7 @@ class DeltaSinkOptions:
             checkpoint=self.checkpoint_location,
         )
         with using(self.storage):  # every store the export touches
-            snapshots.serve_export_requests(handle, state, record, version)
+            serve_exports(site, state, record, version)
 
     def light_committer(self) -> LightCommitter:
         return LightCommitter(self.target(), self.sink_id, self.faults)

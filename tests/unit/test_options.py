@@ -150,7 +150,8 @@ def test_locations_delta_rs_cannot_use_are_refused_by_name(tmp_path, path, probl
 def test_every_entry_point_checks_a_location_as_the_sink_does(tmp_path, monkeypatch, location):
     """One check for every entry point (issue 23 item 11: `snapshots export --to dbfs:/...`
     wrote into ./dbfs:/... and exited 0)."""
-    from pyspark_txn import admin, state_export
+    from pyspark_txn import admin
+    from pyspark_txn.operations import state_export
     from pyspark_txn.sinks.postgres import PostgresSinkOptions
     from pyspark_txn.sources.delta import DeltaSourceOptions
 

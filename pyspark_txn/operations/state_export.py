@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
-from .errors import ConfigError
-from .spark.options import check_location
-from .storage import fs as _fs
+from ..errors import ConfigError
+from ..spark.options import check_location
+from ..storage import fs as _fs
 
 log = logging.getLogger(__name__)
 
