@@ -42,7 +42,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from ..errors import ConfigError, SourceError
-from ..sinks.delta import spark_to_arrow_schema
+from ..spark.arrow import spark_to_arrow_schema
 from ..spark.options import check_location, parse_storage_options, reject_unknown_options
 from ..storage import fs as _fs
 from ..storage.options import StorageOptions

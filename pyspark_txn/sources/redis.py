@@ -502,7 +502,7 @@ class RedisSourceOptions(BrokerConfig):
                 )
 
     def reader(self, schema) -> AcknowledgingStreamReader:
-        from ..sinks.delta import spark_to_arrow_schema
+        from ..spark.arrow import spark_to_arrow_schema
 
         self.check_schema(schema)
         arrow_schema = spark_to_arrow_schema(schema)

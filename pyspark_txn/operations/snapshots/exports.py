@@ -343,7 +343,7 @@ def _copy_and_register(
     )
     state_tables: list[Any] = []
     if spark is not None and handle.checkpoint is not None:
-        from ... import state_export
+        from .. import state_export
 
         state_tables = state_export.export_state(
             spark, handle.checkpoint, record.batch_id, uri, storage_options=options
