@@ -5,11 +5,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 log = logging.getLogger(__name__)
 
 
-def register(spark) -> list[str]:
+def register(spark: SparkSession) -> list[str]:
     """Register every pyspark-txn format with ``spark``; returns their names.
 
     Raises :class:`~pyspark_txn.errors.SparkFeatureError` naming what the
@@ -25,7 +30,7 @@ def register(spark) -> list[str]:
     return [cls.name() for cls in ALL_FORMATS]
 
 
-def local_session(app_name: str = "pyspark-txn", cores: int = 2, **conf: str):
+def local_session(app_name: str = "pyspark-txn", cores: int = 2, **conf: str) -> SparkSession:
     """A local SparkSession with pyspark-txn registered.
 
     Python workers must run this interpreter (otherwise a streaming query dies
@@ -56,7 +61,7 @@ def local_session(app_name: str = "pyspark-txn", cores: int = 2, **conf: str):
     return spark
 
 
-def process_available(writer):
+def process_available(writer: DataStreamWriter) -> StreamingQuery:
     """Start ``writer`` (a ``DataStreamWriter``), process everything available, stop.
 
     Returns the (stopped) ``StreamingQuery``; a failure raises as from

@@ -217,7 +217,7 @@ class SinkHandle:
     def record_store(self) -> RecordStore:
         return RecordStore(DeltaEventLog(self.record_table, dict(self.storage_options)))
 
-    def target(self):
+    def target(self) -> Any:
         """The sink's phase-2 :class:`~pyspark_txn.sinks.twophase.Target` (close it after
         use: a PostgreSQL one holds a connection)."""
         if self.kind == POSTGRES:
@@ -236,7 +236,7 @@ class SinkHandle:
             storage=self.storage,
         )
 
-    def _postgres_target(self):
+    def _postgres_target(self) -> Any:
         from ..sinks.postgres_target import Connector, PostgresTarget
 
         schema, table = self._pg_table()
@@ -248,7 +248,7 @@ class SinkHandle:
             )
         return PostgresTarget(Connector(self.url, self.password_file), schema, table, self.sink_id)
 
-    def committer(self):
+    def committer(self) -> Any:
         """A :class:`~pyspark_txn.sinks.twophase.TwoPhaseCommitter` for this sink."""
         from ..sinks.twophase import TwoPhaseCommitter
 

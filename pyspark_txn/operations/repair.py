@@ -82,7 +82,7 @@ class SnapshotStatus:
         return out
 
 
-def _target_batch(handle: SinkHandle, target) -> tuple[int | None, str | None]:
+def _target_batch(handle: SinkHandle, target: Any) -> tuple[int | None, str | None]:
     try:
         return target.committed_batch(handle.sink_id), None
     except TxnError:
@@ -96,7 +96,7 @@ def _status(
     handle: SinkHandle,
     state: SinkState,
     snapshot_id: int,
-    target,
+    target: Any,
     batch_read: tuple[int | None, str | None] | None = None,
 ) -> SnapshotStatus:
     """``target``: the opened target (None: unknown); ``batch_read``: its committed batch
@@ -206,7 +206,7 @@ def stuck_snapshots(handle: SinkHandle) -> list[SnapshotStatus]:
 def _stuck(
     handle: SinkHandle,
     state: SinkState,
-    target,
+    target: Any,
     batch_read: tuple[int | None, str | None] | None,
 ) -> list[SnapshotStatus]:
     statuses = [
@@ -244,7 +244,7 @@ def abandon_snapshot(handle: SinkHandle, snapshot_id: int, reason: str) -> SinkS
 
 
 def settle(
-    location: str, sink: str | None = None, *, reason: str = "settled", **target
+    location: str, sink: str | None = None, *, reason: str = "settled", **target: Any
 ) -> SinkState:
     """Finish or roll back whatever a stopped query left of its sink's last batch.
 

@@ -132,7 +132,7 @@ class _TargetView:
     staged_txns: int | None = None
 
 
-def _view(handle: SinkHandle, target) -> _TargetView:
+def _view(handle: SinkHandle, target: Any) -> _TargetView:
     if handle.kind == POSTGRES:
         from ..sinks.postgres_target import parse_gid
 

@@ -147,7 +147,7 @@ def byte_progress(total: int, progress: Progress | None) -> Callable[[int], None
     return advance
 
 
-def crc32_of(fs, path: str, on_bytes: Callable[[int], None]) -> str:
+def crc32_of(fs: Any, path: str, on_bytes: Callable[[int], None]) -> str:
     crc = 0
     with fs.open(path, "rb") as f:
         while chunk := f.read(CHUNK_BYTES):
@@ -219,7 +219,7 @@ def verify(handle: SinkHandle, progress: Progress | None = None) -> VerifyReport
 
 
 def _verify_postgres(
-    handle: SinkHandle, state: SinkState, records: list[SnapshotRecord], target
+    handle: SinkHandle, state: SinkState, records: list[SnapshotRecord], target: Any
 ) -> VerifyReport:
     """Every prepared transaction of every live record must be committed with the rows
     the record counts (or, while its phase 2 is pending, still prepared), and every
@@ -291,7 +291,7 @@ def _verify_postgres(
     return VerifyReport(handle.sink_id, handle.target_label, tuple(checks))
 
 
-def _check_file(fs, path: str, t, advance: Callable[[int], None]) -> Iterable[Problem]:
+def _check_file(fs: Any, path: str, t: Any, advance: Callable[[int], None]) -> Iterable[Problem]:
     try:
         info = fs.info(path)
     except FileNotFoundError:

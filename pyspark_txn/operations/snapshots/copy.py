@@ -24,7 +24,7 @@ from .location import STATE_CHOICES, _check_name_free, _check_to, _inspect_locat
 from .registry import CHUNK_BYTES, Progress, _open
 
 
-def _pin(state: SinkState, target, snapshot: int | None) -> tuple[SnapshotRecord, int]:
+def _pin(state: SinkState, target: Any, snapshot: int | None) -> tuple[SnapshotRecord, int]:
     """The committed record to export and the target version that holds its data.
 
     A batch that wrote no rows is a snapshot too (its offsets and operator
@@ -65,7 +65,7 @@ def _pin(state: SinkState, target, snapshot: int | None) -> tuple[SnapshotRecord
     raise ConfigError(f"sink {state.sink_id!r} has no committed snapshot to export yet")
 
 
-def _state_session(handle: SinkHandle, state: str, spark):
+def _state_session(handle: SinkHandle, state: str, spark: Any) -> Any:
     """The SparkSession that reads the query's state, or None when no state is exported."""
     if state not in STATE_CHOICES:
         raise ConfigError(f"state={state!r}: choose one of {', '.join(STATE_CHOICES)}")
@@ -108,7 +108,9 @@ def _partition_string(value: Any) -> str | None:
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
-def _copy(src_fs, src: str, dst_fs, dst: str, advance: Callable[[int], None]) -> tuple[int, str]:
+def _copy(
+    src_fs: Any, src: str, dst_fs: Any, dst: str, advance: Callable[[int], None]
+) -> tuple[int, str]:
     """Copy one file; its size and the CRC32 of the bytes written."""
     from fsspec.implementations.local import LocalFileSystem
 

@@ -60,7 +60,7 @@ def export(
     sink: str | None = None,
     progress: Progress | None = None,
     state: str = "auto",
-    spark=None,
+    spark: Any = None,
     replace_unfinished: bool = False,
     batch: int | None = None,
     storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
@@ -96,7 +96,7 @@ def export(
     )
 
 
-def _write_marker(fs, root: str, marker: Mapping[str, Any], uri: str) -> None:
+def _write_marker(fs: Any, root: str, marker: Mapping[str, Any], uri: str) -> None:
     """Write the export marker; on a local disk only if no other export wrote one first."""
     path = _fs.join(root, EXPORT_MARKER)
     text = json.dumps(dict(marker))
@@ -119,7 +119,7 @@ def _write_marker(fs, root: str, marker: Mapping[str, Any], uri: str) -> None:
         raise ConfigError(f"--to {uri}: another export started there at the same time")
 
 
-def _still_ours(fs, root: str, token: str) -> bool:
+def _still_ours(fs: Any, root: str, token: str) -> bool:
     try:
         marker = _read_marker(fs, root)
     except FileNotFoundError:
@@ -152,7 +152,7 @@ def _export_pinned(
     version: int,
     *,
     progress: Progress | None = None,
-    spark=None,
+    spark: Any = None,
     serving: bool = False,
     details: Mapping[str, Any] | None = None,
     replace_unfinished: bool = False,
@@ -266,7 +266,7 @@ def _registered_after_unknown(
     ) from error
 
 
-def _remove_own_copy(fs, root: str, token: str, uri: str, name: str, existed: bool) -> None:
+def _remove_own_copy(fs: Any, root: str, token: str, uri: str, name: str, existed: bool) -> None:
     if _still_ours(fs, root, token):  # our own partial copy: nobody else needs it
         log.warning("export %r to %s failed: removing its partial copy", name, uri)
         try:
@@ -277,7 +277,7 @@ def _remove_own_copy(fs, root: str, token: str, uri: str, name: str, existed: bo
             log.error("could not remove the partial copy at %s: %r", uri, e)
 
 
-def _check_writable(fs, root: str, uri: str, existed: bool) -> None:
+def _check_writable(fs: Any, root: str, uri: str, existed: bool) -> None:
     """``--to`` can be made and written (a read-only filesystem, /proc, a file on the way,
     no permission): a ConfigError naming it, instead of an OSError half way."""
     probe = _fs.join(root, f".pyspark-txn-probe-{uuid.uuid4().hex[:8]}")
@@ -302,7 +302,7 @@ def _copy_and_register(
     handle: SinkHandle,
     name: str,
     uri: str,
-    fs,
+    fs: Any,
     root: str,
     token: str,
     record: SnapshotRecord,
@@ -310,7 +310,7 @@ def _copy_and_register(
     snapshot_id: int,
     *,
     progress: Progress | None,
-    spark,
+    spark: Any,
     serving: bool,
     details: Mapping[str, Any] | None,
     registering: list[bool],
@@ -398,7 +398,7 @@ def _copy_and_register(
         },
     )
 
-    def register(s: SinkState):
+    def register(s: SinkState) -> Any:
         check_owner()
         if serving and name not in s.export_requests:
             raise ExportCancelled(f"the requested export {name!r} was cancelled while it ran")

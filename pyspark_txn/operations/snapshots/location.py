@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 STATE_CHOICES = ("auto", "include", "skip")
 
 
-def _read_marker(fs, root: str) -> dict[str, Any] | None:
+def _read_marker(fs: Any, root: str) -> dict[str, Any] | None:
     path = _fs.join(root, EXPORT_MARKER)
     if not fs.exists(path):
         return None
@@ -100,7 +100,7 @@ def _owner_is_dead(owner: Mapping[str, Any] | None) -> bool:
 
 
 def _inspect_location(
-    fs, root: str, handle: SinkHandle, uri: str, replace_unfinished: bool = False
+    fs: Any, root: str, handle: SinkHandle, uri: str, replace_unfinished: bool = False
 ) -> dict[str, Any] | None:
     """Check that ``root`` may take an export, writing nothing.
 
@@ -137,7 +137,7 @@ def _inspect_location(
 
 
 def _prepare_location(
-    fs, root: str, handle: SinkHandle, uri: str, replace_unfinished: bool = False
+    fs: Any, root: str, handle: SinkHandle, uri: str, replace_unfinished: bool = False
 ) -> None:
     """``root`` must be new or empty, or a dead export's partial copy (then it is wiped)."""
     marker = _inspect_location(fs, root, handle, uri, replace_unfinished)
@@ -256,7 +256,7 @@ def _enclosing_folder(uri: str) -> tuple[str, str] | None:
 _EXPORT_PARTS = ("data", "manifest", "state", EXPORT_MARKER)
 
 
-def _remove_export(fs, root: str, uri: str) -> None:
+def _remove_export(fs: Any, root: str, uri: str) -> None:
     """Remove what an export wrote at ``root`` (its parts, then the folder if that left
     it empty): anything else found there is not the export's and stays, with a warning."""
     for part in _EXPORT_PARTS:

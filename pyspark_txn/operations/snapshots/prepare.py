@@ -63,7 +63,7 @@ def kafka_starting_offsets(
     sink: str | None = None,
     *,
     storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
-):
+) -> Any:
     """The ``startingOffsets`` option that makes a Kafka source begin right after the
     snapshot's batch: ``{"topic": {"partition": offset}}``, as Spark logged it."""
     offsets = source_offsets(location, name, sink)
@@ -87,13 +87,13 @@ def kafka_starting_offsets(
     return raw
 
 
-def _write_text(fs, path: str, text: str) -> None:
+def _write_text(fs: Any, path: str, text: str) -> None:
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     with fs.open(path, "w") as f:
         f.write(text)
 
 
-def _new_location(fs, root: str, option: str, uri: str) -> None:
+def _new_location(fs: Any, root: str, option: str, uri: str) -> None:
     if _fs.is_local(uri) and os.path.islink(uri) and not os.path.exists(uri):
         raise ConfigError(
             f"{option} {uri}: is a symbolic link to {os.readlink(uri)!r}, which does not "

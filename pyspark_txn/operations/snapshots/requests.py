@@ -72,7 +72,7 @@ def request_export(
     if state == "include":
         raise ConfigError("state=include: a requested export cannot read state tables")
 
-    def requested(s: SinkState):
+    def requested(s: SinkState) -> Any:
         _check_to(handle, uri, s)  # nobody took the place since
         return request_export_event(s, name, uri)
 
@@ -96,7 +96,7 @@ def cancel_request(
     text = "cancelled" + (f": {reason}" if reason else " by cancel_request")
     taken: list[ExportRequest] = []
 
-    def cancel(s: SinkState):
+    def cancel(s: SinkState) -> Any:
         if name in s.named:
             raise ConfigError(
                 f"sink {s.sink_id!r}: export {name!r} already ran (it is snapshot "
@@ -138,7 +138,7 @@ def serve_export_requests(
         except Exception as e:
             log.error("sink %s: requested export %r failed: %r", handle.sink_id, request.name, e)
 
-            def failed(s: SinkState, name: str = request.name, error: str = repr(e)):
+            def failed(s: SinkState, name: str = request.name, error: str = repr(e)) -> Any:
                 return fail_export(s, name, error)
 
             handle.record_store().update(handle.sink_id, fold_sink, failed)
@@ -168,7 +168,7 @@ def wait_for_export(
     *,
     sink: str | None = None,
     timeout: float | None = None,
-    query=None,
+    query: Any = None,
     poll_s: float = 0.5,
     storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> NamedSnapshot:
@@ -201,7 +201,7 @@ def wait_for_export(
         time.sleep(poll_s)
 
 
-def query_checkpoint(query) -> str:
+def query_checkpoint(query: Any) -> str:
     """The checkpoint location of a running ``StreamingQuery`` (classic PySpark)."""
     try:
         return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
@@ -213,14 +213,14 @@ def query_checkpoint(query) -> str:
 
 @takes_storage_options
 def stop_and_export(
-    query,
+    query: Any,
     name: str,
     to: str,
     *,
     checkpoint: str | None = None,
     sink: str | None = None,
     state: str = "auto",
-    spark=None,
+    spark: Any = None,
     progress: Progress | None = None,
     replace_unfinished: bool = False,
     storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
@@ -254,7 +254,7 @@ def stop_and_export(
     )
 
 
-def _spark_committed(handle: SinkHandle, state: SinkState, session) -> int | None:
+def _spark_committed(handle: SinkHandle, state: SinkState, session: Any) -> int | None:
     """With state tables: the snapshot id of the newest record in Spark's commit log.
 
     Spark's state reader reads committed batches only, and a stop can fall between

@@ -247,7 +247,7 @@ def delete(
     handle = _open(location, sink, "snapshots delete")
     entry = show(location, name, sink)
 
-    def deleted(s: SinkState):
+    def deleted(s: SinkState) -> Any:
         # an older entry may sit inside this one's folder (registered before the checks)
         for other in s.named.values():
             if other.name != name and _relation(other.location, entry.location) in (
