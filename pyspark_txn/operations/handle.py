@@ -192,7 +192,7 @@ class SinkHandle:
         """The target as messages name it (never with a password); None if unknown."""
         if self.kind != POSTGRES:
             return self.target_uri
-        from ..sinks.postgres_target import redact
+        from ..sinks.postgres_db import redact
 
         schema, table = self._pg_table()
         where = redact(self.url) if self.url else "a database its records do not name"
@@ -237,7 +237,8 @@ class SinkHandle:
         )
 
     def _postgres_target(self) -> Any:
-        from ..sinks.postgres_target import Connector, PostgresTarget
+        from ..sinks.postgres_db import Connector
+        from ..sinks.postgres_target import PostgresTarget
 
         schema, table = self._pg_table()
         if not self.url:
@@ -382,7 +383,7 @@ def describe_target(meta: Mapping[str, Any]) -> str:
     """A record's target description as a line (never a password)."""
     kind = target_kind(meta)
     if kind == POSTGRES:
-        from ..sinks.postgres_target import redact
+        from ..sinks.postgres_db import redact
 
         url = meta.get("url")
         return f"PostgreSQL table {meta.get('table')}" + (f" at {redact(url)}" if url else "")

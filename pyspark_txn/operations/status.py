@@ -134,7 +134,7 @@ class _TargetView:
 
 def _view(handle: SinkHandle, target: Any) -> _TargetView:
     if handle.kind == POSTGRES:
-        from ..sinks.postgres_target import parse_gid
+        from ..sinks.postgres_db import parse_gid
 
         gids = target.prepared_txns()
         return _TargetView(

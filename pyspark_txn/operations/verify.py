@@ -224,7 +224,7 @@ def _verify_postgres(
     """Every prepared transaction of every live record must be committed with the rows
     the record counts (or, while its phase 2 is pending, still prepared), and every
     committed record's batch row must be its own. Nothing is re-read row by row."""
-    from ..sinks.postgres_target import BATCHES_TABLE
+    from ..sinks.postgres_db import BATCHES_TABLE
 
     checks = []
     for rec in records:

@@ -54,22 +54,17 @@ from ._spark import (
     task_slot,
     worker_logging,
 )
-from .postgres_target import (
+from .postgres_db import (
     MAX_GID,
     Connector,
-    PostgresTarget,
-    WriteConfig,
-    check_server,
-    create_table,
-    ensure_marker_tables,
-    fast_kinds,
     parse_table_name,
     raise_db_error,
     redact,
-    resolve_columns,
-    stage_partition,
     without_password,
 )
+from .postgres_ddl import check_server, create_table, ensure_marker_tables, resolve_columns
+from .postgres_staging import WriteConfig, fast_kinds, stage_partition
+from .postgres_target import PostgresTarget
 from .twophase import TwoPhaseCommitter
 
 SINK_OPTIONS = {

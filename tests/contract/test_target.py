@@ -72,9 +72,9 @@ class Stager:
             [pa.array(ids, pa.int64()), pa.array([str(i) for i in ids])], schema=SCHEMA
         )
         if self.kind == "postgres":
-            from pyspark_txn.sinks import postgres_target
+            from pyspark_txn.sinks import postgres_staging
 
-            return postgres_target.stage_partition(
+            return postgres_staging.stage_partition(
                 [batch], self.config, sid, token, partition, 0, SCHEMA
             )
         return stage_partition([batch], self.staging, sid, token, partition, SCHEMA)

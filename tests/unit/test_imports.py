@@ -1,7 +1,8 @@
 """The package's shape, read from its imports with ``ast`` (docs/architecture.md).
 
-Every import counts: module level, inside functions (where cycles hide) and under
-``TYPE_CHECKING``. A failure names each offending import as ``file:line``."""
+Every import counts: module level and inside functions (where cycles hide); imports
+under ``if TYPE_CHECKING:`` count for the layer rules but not for cycles (they never
+run). A failure names each offending import as ``file:line``."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class Import:
     source: str  # the importing module
     target: str  # the imported module (a submodule when ``from pkg import submodule``)
     where: str  # file:line
+    typing_only: bool = False  # under ``if TYPE_CHECKING:``
 
     def __str__(self) -> str:
         return f"{self.where}: {self.source} imports {self.target}"
@@ -39,6 +41,13 @@ def _imports(modules: dict[str, Path]) -> list[Import]:
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         tree = ast.parse(path.read_text(), str(path))
+        typing_only = {
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
+            for stmt in block.body
+            for n in ast.walk(stmt)
+        }
         for node in ast.walk(tree):
             where = f"{path.relative_to(ROOT.parent)}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, ast.Import):
@@ -56,7 +65,9 @@ def _imports(modules: dict[str, Path]) -> list[Import]:
                 ]
             else:
                 continue
-            found += [Import(name, t, where) for t in dict.fromkeys(targets)]
+            found += [
+                Import(name, t, where, id(node) in typing_only) for t in dict.fromkeys(targets)
+            ]
     return found
 
 
@@ -103,7 +114,7 @@ def test_the_import_reader_sees_the_package():
 def _cycles() -> list[list[Import]]:
     graph: dict[str, list[Import]] = {}
     for i in INTERNAL:
-        if i.target != i.source and i.target in MODULES:
+        if i.target != i.source and i.target in MODULES and not i.typing_only:
             graph.setdefault(i.source, []).append(i)
     # Tarjan's strongly connected components; each component of 2+ modules is a cycle
     index: dict[str, int] = {}
