@@ -4,7 +4,6 @@ message) and what a database error means for the protocol."""
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -16,8 +15,6 @@ from ..errors import (
     TargetUnavailableError,
     TxnError,
 )
-
-log = logging.getLogger(__name__)
 
 GID_PREFIX = "ptxn"
 COMMITS_TABLE = "pyspark_txn_commits"
