@@ -1,0 +1,1 @@
+"""Operations on sinks and pipelines: status and recovery, named snapshots, backups."""
