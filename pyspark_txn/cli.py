@@ -13,7 +13,7 @@ import shutil
 import sys
 from typing import NoReturn
 
-from . import admin, storage
+from . import _backups_cli, admin, storage
 from .errors import ConfigError, TxnError
 
 
@@ -970,6 +970,7 @@ def main(argv: list[str] | None = None) -> int:
     _sink_arguments(p)
     _target_arguments(p)
     p.set_defaults(func=cmd_verify)
+    _backups_cli.register(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

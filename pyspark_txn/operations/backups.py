@@ -56,6 +56,9 @@ __all__ = [
 CATALOG = "_catalog"
 _APP = "pyspark_txn_backups"
 RESTORE_MARKER = ".pyspark-txn-restore.json"
+#: Crash tests only: ``exit_after_part`` / ``exit_after_restore_part`` end the process
+#: (``os._exit``, no cleanup) after the first part taken or restored.
+FAULT_ENV = "PYSPARK_TXN_BACKUP_FAULT"
 DONE_FILE = "restored.json"
 
 # member states (seed 001's words)
@@ -559,10 +562,17 @@ def _take(to: str, backup_id: int, members: list[Member], ups, spark) -> BackupS
                 f"backup {backup_id}: the part of {m.checkpoint} (version {version} of "
                 f"{m.target}) could not be taken: {e}"
             ) from e
+        _fault("exit_after_part")
     result = status(backup_id, to)
     if result.state == COMPLETED:
         _append(dt, [_event(backup_id, "completed", None, {})])
     return result
+
+
+def _fault(point: str) -> None:
+    if os.environ.get(FAULT_ENV) == point:
+        log.warning("fault injection: %s: exit", point)
+        os._exit(86)
 
 
 def _event(backup_id: int, event: str, member: str | None, body: Mapping[str, Any]):
@@ -945,6 +955,7 @@ def restore(
                 json.dumps(Restored(m.checkpoint, chk, path, prepared.batch_id, reads).to_json())
             )
         out.append(Restored(m.checkpoint, chk, path, prepared.batch_id, reads))
+        _fault("exit_after_restore_part")
     order = {m.checkpoint: k for k, m in enumerate(members)}
     return sorted(out, key=lambda r: order[r.original])
 
