@@ -16,7 +16,12 @@ TOTAL = 600
 
 def _a(spark, chk, target, **trigger):
     reader = spark.readStream.format("txn-sequence")
-    for k, v in {"rowsPerBatch": 30, "totalRows": TOTAL, "width": 1, **trigger.pop("seq", {})}.items():
+    for k, v in {
+        "rowsPerBatch": 30,
+        "totalRows": TOTAL,
+        "width": 1,
+        **trigger.pop("seq", {}),
+    }.items():
         reader = reader.option(k, v)
     w = reader.load().writeStream.format("txn-delta")
     return w.option("checkpointLocation", chk).option("path", target)

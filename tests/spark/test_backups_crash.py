@@ -28,9 +28,7 @@ def _chain(spark, chks, paths, total, links=True):
         run_to_end(_link(spark, paths[1], chks[2], paths[2]))
 
 
-def test_killed_taker_and_killed_restore_finish_on_retry_and_vacuum_fails_clearly(
-    spark, tmp_path
-):
+def test_killed_taker_and_killed_restore_finish_on_retry_and_vacuum_fails_clearly(spark, tmp_path):
     ref = [str(tmp_path / f"ref{i}") for i in range(3)]
     _chain(spark, [str(tmp_path / f"refchk{i}") for i in range(3)], ref, 400)
     expected = _rows(ref[2])
@@ -44,7 +42,9 @@ def test_killed_taker_and_killed_restore_finish_on_retry_and_vacuum_fails_clearl
     args += ["--reads", f"{chks[1]}={paths[0]}", "--reads", f"{chks[2]}={paths[1]}"]
 
     # the taker dies after its first part (C's, downstream first)
-    code, out, err = run_cli_process("backups", "take", "5", *args, env={FAULT_ENV: "exit_after_part"})
+    code, out, err = run_cli_process(
+        "backups", "take", "5", *args, env={FAULT_ENV: "exit_after_part"}
+    )
     assert code == 86, (out, err)
     st = backups.status(5, to)
     assert [m.state for m in st.members] == ["doesNotExist", "doesNotExist", "completed"]
@@ -65,7 +65,14 @@ def test_killed_taker_and_killed_restore_finish_on_retry_and_vacuum_fails_clearl
     # the restore dies after its first member; run again, it finishes
     into = str(tmp_path / "restored")
     code, out, err = run_cli_process(
-        "backups", "restore", "5", "--to", to, "--into", into, env={FAULT_ENV: "exit_after_restore_part"}
+        "backups",
+        "restore",
+        "5",
+        "--to",
+        to,
+        "--into",
+        into,
+        env={FAULT_ENV: "exit_after_restore_part"},
     )
     assert code == 86, (out, err)
     restored = backups.restore(5, to, into, spark=spark)
