@@ -2,9 +2,9 @@
 
 import pytest
 from deltalake import DeltaTable
+from pipeline_checks import run_to_end
 from support import run_cli_process
 from test_backups import _link, _rows
-from pipeline_checks import run_to_end
 
 from pyspark_txn import backups
 from pyspark_txn.errors import ConfigError
