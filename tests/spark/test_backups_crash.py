@@ -10,7 +10,7 @@ from pyspark_txn import backups
 from pyspark_txn.errors import ConfigError
 from pyspark_txn.operations.backups import FAULT_ENV, BackupError
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def _source(spark, chk, target, total):
