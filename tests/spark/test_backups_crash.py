@@ -1,4 +1,4 @@
-"""Backups under crashes: a killed taker, a killed restore, an upstream part VACUUM removed."""
+"""Backups under crashes: a killed query, a killed taker, a killed restore, a VACUUMed part."""
 
 import pytest
 from deltalake import DeltaTable
@@ -13,11 +13,13 @@ from pyspark_txn.operations.backups import FAULT_ENV, BackupError
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-def _source(spark, chk, target, total):
+def _source(spark, chk, target, total, faults=None):
     reader = spark.readStream.format("txn-sequence")
     for k, v in {"rowsPerBatch": 50, "totalRows": total, "width": 1}.items():
         reader = reader.option(k, v)
     w = reader.load().writeStream.format("txn-delta")
+    if faults:
+        w = w.option("faultInjection", faults)
     return w.option("checkpointLocation", chk).option("path", target)
 
 
@@ -28,7 +30,7 @@ def _chain(spark, chks, paths, total, links=True):
         run_to_end(_link(spark, paths[1], chks[2], paths[2]))
 
 
-def test_killed_taker_and_killed_restore_finish_on_retry_and_vacuum_fails_clearly(spark, tmp_path):
+def test_killed_query_killed_taker_killed_restore_and_vacuum(spark, tmp_path, fired_faults):
     ref = [str(tmp_path / f"ref{i}") for i in range(3)]
     _chain(spark, [str(tmp_path / f"refchk{i}") for i in range(3)], ref, 400)
     expected = _rows(ref[2])
@@ -36,8 +38,19 @@ def test_killed_taker_and_killed_restore_finish_on_retry_and_vacuum_fails_clearl
     chks = [str(tmp_path / f"chk{i}") for i in range(3)]
     paths = [str(tmp_path / f"t{i}") for i in range(3)]
     _chain(spark, chks, paths, 200)
-    _chain(spark, chks, paths, 300, links=False)  # A ran on; B and C lag behind it
     to = str(tmp_path / "backups")
+    reads = {chks[1]: [paths[0]], chks[2]: [paths[1]]}
+
+    # A dies after recording batch 4, before its phase 2: the backup taken now holds
+    # A's last *committed* batch, the one B consumed, never the recorded one
+    with pytest.raises(Exception):  # noqa: B017 - the query's failure, whatever Spark wraps it in
+        run_to_end(_source(spark, chks[0], paths[0], 300, faults="after_record:exit@batch=4"))
+    fired_faults.assert_fired("after_record:exit@batch=4")
+    st = backups.take(4, chks, to, reads=reads)
+    assert st.state == "completed" and st.members[0].batch_id == 3
+    assert st.members[0].target_version == st.members[1].source_offsets[0]["version"] - 1
+    assert backups.verify(4, to).ok
+    _chain(spark, chks, paths, 300, links=False)  # A ran on; B and C lag behind it
     args = [chks[0], chks[1], chks[2], "--to", to]
     args += ["--reads", f"{chks[1]}={paths[0]}", "--reads", f"{chks[2]}={paths[1]}"]
 
