@@ -806,7 +806,9 @@ def delete(
         return st
     dt = _open_catalog(to, create=False)
     rows = _rows(dt)
-    if st.state == IN_PROGRESS and not _owner_is_dead(_owner_of(_events(rows, backup_id))):
+    events = _events(rows, backup_id)
+    ended = {r["event"] for r in events} & {"failed", "completed"}
+    if st.state != COMPLETED and not ended and not _owner_is_dead(_owner_of(events)):
         raise ConfigError(f"backup {backup_id} is being taken now; delete it once it has ended")
     for ms in st.members:
         if ms.state == COMPLETED:

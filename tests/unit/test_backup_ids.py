@@ -69,3 +69,16 @@ def test_cli_refuses_a_bad_id_and_a_missing_catalog_in_one_line(tmp_path):
     assert code == 2 and "no backup catalog" in err and '"error"' in out
     code, out, err = run_cli_process("backups", "take", "0", "/nowhere", "--to", str(tmp_path))
     assert code == 2 and "must be a positive integer" in err
+
+
+def test_delete_is_refused_while_the_taker_runs_and_the_id_stays_used(tmp_path):
+    to = str(tmp_path / "backups")
+    owner = _owner()
+    backup_id, _ = b._allocate(to, None, _members(), owner)
+    with pytest.raises(ConfigError, match="being taken now"):
+        b.delete(backup_id, to)
+    b._LIVE.discard(owner["token"])  # the taker has ended (it never took a part)
+    assert b.delete(backup_id, to).state == "deleted"
+    with pytest.raises(ConfigError, match="is 1 \\(backup 1 is deleted\\)"):
+        b._allocate(to, 1, _members(), _owner())
+    assert b._allocate(to, None, _members(), _owner())[0] == 2
