@@ -350,6 +350,45 @@ def _check_sources(member: Member, offsets: Sequence[Any]) -> None:
             )
 
 
+def _boundary_version(offset: Any) -> int | None:
+    """The upstream version a txn-delta offset has read all of, None if it ends inside one."""
+    d = _offset_dict(offset)
+    if d is None or not _is_delta_offset(d) or d["index"] or d["snapshot"]:
+        return None
+    return int(d["version"]) - 1
+
+
+def _align_readers(members, ups, readers, done, u, cut, pins, offsets_of) -> None:
+    """A fan-out whose readers consumed different versions of member ``u``'s table: pin
+    the readers that are ahead at their committed batch that ended exactly at ``cut``
+    (the version the slowest reader consumed). Only readers that nothing else constrains
+    (no reader of their own, no other upstream, not taken yet) can move."""
+    table = members[u].target
+    for r, s in readers[u]:
+        if _boundary_version(offsets_of[r][s]) == cut:
+            continue
+        who = members[r].checkpoint
+        if readers[r] or len(ups[r]) > 1 or r in done:
+            raise BackupError(
+                f"query {members[u].checkpoint}: the queries reading its table {table} stand "
+                f"at different versions of it; {who} is ahead (it has readers or other "
+                "upstream tables of its own, or its part is taken), so it cannot be cut back "
+                f"to version {cut}: take the backup again"
+            )
+        for rec, version in _committed(admin.open_sink(who)):
+            offset = rec.source_offsets[s] if s < len(rec.source_offsets) else None
+            if version is not None and _boundary_version(offset) == cut:
+                pins[r] = (rec.snapshot_id, version)
+                offsets_of[r] = rec.source_offsets
+                break
+        else:
+            raise BackupError(
+                f"query {who}: it reads {table} ahead of the other readers, and none of its "
+                f"kept committed batches ended exactly at version {cut} of it: no exact cut "
+                "of this fan-out exists now; take the backup again"
+            )
+
+
 def _plan(
     members: list[Member], ups: Mapping[int, list[tuple[int, int]]], done: Mapping[int, Any]
 ) -> dict[int, tuple[int, int]]:
@@ -376,22 +415,33 @@ def _plan(
             )
             for r, s in readers[i]
         }
-        if not needs:  # nothing in the backup reads it: its latest committed batch
+        if not needs:  # nothing in the backup reads it: its latest committed batch (whose
+            # txn-delta offsets end on version boundaries: only such a batch is a cut)
             for rec, version in records:
-                if version is not None:
+                if version is not None and all(
+                    _boundary_version(
+                        rec.source_offsets[s] if s < len(rec.source_offsets) else None
+                    )
+                    is not None
+                    for s, _ in ups[i]
+                ):
                     pins[i] = (rec.snapshot_id, version)
                     offsets_of[i] = rec.source_offsets
                     break
             else:
-                raise BackupError(f"query {m.checkpoint}: no committed batch to back up yet")
+                raise BackupError(
+                    f"query {m.checkpoint}: no committed batch to back up yet"
+                    + (
+                        " whose txn-delta offsets end on a version boundary (maxFilesPerBatch "
+                        "splits versions: raise it, or take the backup after the next batch)"
+                        if ups[i] and records
+                        else ""
+                    )
+                )
         else:
             if len(needs) > 1:
-                raise BackupError(
-                    f"query {m.checkpoint}: the queries reading its table {m.target} are at "
-                    f"different versions of it ({sorted(needs)}); a fan-out whose readers "
-                    "stand at different versions is not supported yet"
-                )
-            (need,) = needs
+                _align_readers(members, ups, readers, done, i, min(needs), pins, offsets_of)
+            need = min(needs)
             for rec, version in records:
                 if version == need:
                     pins[i] = (rec.snapshot_id, version)

@@ -122,3 +122,38 @@ def test_backups_of_a_running_chain_are_exact_cuts_and_restore_row_for_row(spark
     with pytest.raises(ConfigError, match="highest so far"):
         backups.take(2, chks, to, reads=reads)
     assert backups.take(None, chks, to, reads=reads).backup_id == 3
+
+
+@pytest.mark.slow
+def test_a_fan_out_is_cut_where_its_slowest_reader_stands(spark, tmp_path):
+    # A's table is read by B and C; B has read further than C
+    names = ("a", "b", "c")
+    ref = {n: str(tmp_path / f"ref-{n}") for n in names}
+    run_to_end(_a(spark, ref["a"] + "-chk", ref["a"]))
+    for n in "bc":
+        run_to_end(_link(spark, ref["a"], ref[n] + "-chk", ref[n]))
+    chk = {n: str(tmp_path / f"chk-{n}") for n in names}
+    path = {n: str(tmp_path / f"t-{n}") for n in names}
+    run_to_end(_a(spark, chk["a"], path["a"], seq={"totalRows": 300}))
+    for n in "bc":
+        run_to_end(_link(spark, path["a"], chk[n], path[n]))
+    run_to_end(_a(spark, chk["a"], path["a"], seq={"totalRows": 450}))
+    run_to_end(_link(spark, path["a"], chk["b"], path["b"]))
+
+    to = str(tmp_path / "backups")
+    reads = {chk["b"]: [path["a"]], chk["c"]: [path["a"]]}
+    st = backups.take(None, [chk[n] for n in names], to, reads=reads)
+    a_part, b_part, c_part = st.members
+    assert st.state == "completed"
+    for reader in (b_part, c_part):  # both cut at the version C (the slowest) consumed
+        assert reader.source_offsets[0]["version"] - 1 == a_part.target_version
+    assert len(_rows(f"{b_part.location}/data")) == 300 < len(_rows(path["b"]))
+    assert backups.verify(st.backup_id, to).ok
+
+    restored = backups.restore(st.backup_id, to, str(tmp_path / "restored"), spark=spark)
+    new = dict(zip(names, restored, strict=True))
+    run_to_end(_a(spark, new["a"].checkpoint, new["a"].path))
+    for n in "bc":
+        assert new[n].reads == {0: new["a"].path}
+        run_to_end(_link(spark, new["a"].path, new[n].checkpoint, new[n].path))
+        assert _rows(new[n].path) == _rows(ref[n]) and len(_rows(ref[n])) == TOTAL
