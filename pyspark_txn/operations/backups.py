@@ -36,7 +36,7 @@ from typing import Any
 
 from .. import _fs, admin, snapshots
 from ..errors import ConfigError, CorruptSnapshotError, TxnError
-from ..storage import StorageOptions, takes_storage_options
+from ..storage import StorageOptions, current, takes_storage_options
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def _open_catalog(to: str, create: bool):
 
     uri = _catalog_uri(to)
     try:
-        return DeltaTable(uri)
+        return DeltaTable(uri, storage_options=current().for_delta())
     except Exception:
         if not create:
             return None
@@ -122,13 +122,14 @@ def _open_catalog(to: str, create: bool):
             name="pyspark_txn_backups",
             description="pyspark-txn backup catalog (append-only events)",
             commit_properties=CommitProperties(max_commit_retries=0),
+            storage_options=current().for_delta(),
         )
     except Exception as e:  # a lost race for version 0: the winner's table is ours too
         try:
-            return DeltaTable(uri)
+            return DeltaTable(uri, storage_options=current().for_delta())
         except Exception:
             raise ConfigError(f"to={to!r}: the backup catalog {uri} cannot be created: {e}") from e
-    return DeltaTable(uri)
+    return DeltaTable(uri, storage_options=current().for_delta())
 
 
 def _rows(dt) -> list[dict[str, Any]]:
@@ -1015,7 +1016,8 @@ def restore(
 def _next_version(table: str) -> dict[str, Any]:
     from deltalake import DeltaTable
 
-    return {"index": 0, "snapshot": False, "version": DeltaTable(table).version() + 1}
+    version = DeltaTable(table, storage_options=current().for_delta()).version()
+    return {"index": 0, "snapshot": False, "version": version + 1}
 
 
 def _rewrite_offsets(checkpoint: str, batch: int, new: Mapping[int, Mapping[str, Any]]) -> None:
