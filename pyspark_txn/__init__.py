@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    BackupError,
     CheckpointMismatchError,
     CommitConflict,
     ConfigError,
@@ -56,6 +57,7 @@ def _serve_sink_exports(
 _hooks.set_export_server(_serve_sink_exports)
 
 __all__ = [
+    "BackupError",
     "CheckpointMismatchError",
     "CommitConflict",
     "ConfigError",

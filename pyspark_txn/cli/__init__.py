@@ -17,11 +17,11 @@ from typing import NoReturn
 
 from .. import storage
 from ..errors import TxnError
-from . import demo, repair, snapshots, status
+from . import backups, demo, repair, snapshots, status
 from .args import Parser, read_storage_options
 
 #: the command groups, in the order ``--help`` lists them
-GROUPS = (demo, status, snapshots, repair)
+GROUPS = (demo, status, snapshots, backups, repair)
 
 
 def main(argv: list[str] | None = None) -> int:

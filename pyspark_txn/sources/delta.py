@@ -382,6 +382,14 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- offsets ----------------------------------------------------------------
 
     def initialOffset(self) -> dict:
+        # Spark asks again when it runs the first batch (to get its start): with
+        # 'snapshot' or 'latest' the table may have moved on by then, and a second
+        # answer past the batch's end would make that batch read nothing.
+        if getattr(self, "_initial", None) is None:
+            self._initial = self._initial_offset()
+        return self._initial
+
+    def _initial_offset(self) -> dict:
         latest = self.opts.table().version()
         if self.opts.starting == "snapshot":
             return canonical({"version": latest, "index": 0, "snapshot": True})
