@@ -91,7 +91,7 @@ def write_history(uri: str, ids: int, batch: int) -> None:
 
 
 def run_coordinator(uri: str, ids: int, batch: int, first: int = 0, start: int = -1) -> float:
-    from pyspark_txn.sources import redis
+    from pyspark_txn.sources import redis_broker as redis
     from pyspark_txn.sources.acknowledging import NO_CLAIM, Broker, ClaimCoordinator
     from pyspark_txn.state import DeltaEventLog, RecordStore
 

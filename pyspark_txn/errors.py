@@ -93,6 +93,10 @@ class ProtocolViolation(TxnError):
     """A transition would break one of the protocol invariants (a bug or a zombie)."""
 
 
+class BackupError(TxnError):
+    """A backup (or one of its parts) could not be taken or restored."""
+
+
 class SourceError(TxnError):
     """A source cannot serve the requested offsets exactly as before."""
 

@@ -5,17 +5,22 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 log = logging.getLogger(__name__)
 
 
-def register(spark) -> list[str]:
+def register(spark: SparkSession) -> list[str]:
     """Register every pyspark-txn format with ``spark``; returns their names.
 
     Raises :class:`~pyspark_txn.errors.SparkFeatureError` naming what the
     installed PySpark lacks, before anything is registered.
     """
-    from .spark_features import require_spark
+    from .spark.features import require_spark
 
     require_spark()
     from .formats import ALL_FORMATS
@@ -25,7 +30,7 @@ def register(spark) -> list[str]:
     return [cls.name() for cls in ALL_FORMATS]
 
 
-def local_session(app_name: str = "pyspark-txn", cores: int = 2, **conf: str):
+def local_session(app_name: str = "pyspark-txn", cores: int = 2, **conf: str) -> SparkSession:
     """A local SparkSession with pyspark-txn registered.
 
     Python workers must run this interpreter (otherwise a streaming query dies
@@ -35,7 +40,7 @@ def local_session(app_name: str = "pyspark-txn", cores: int = 2, **conf: str):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from .spark_features import require_spark
+    from .spark.features import require_spark
 
     require_spark()  # before a JVM starts for nothing
     from pyspark.sql import SparkSession
@@ -56,7 +61,7 @@ def local_session(app_name: str = "pyspark-txn", cores: int = 2, **conf: str):
     return spark
 
 
-def process_available(writer):
+def process_available(writer: DataStreamWriter) -> StreamingQuery:
     """Start ``writer`` (a ``DataStreamWriter``), process everything available, stop.
 
     Returns the (stopped) ``StreamingQuery``; a failure raises as from

@@ -67,7 +67,7 @@ matrix_35() {
 import pyspark
 
 import pyspark_txn
-from pyspark_txn.spark_features import missing_features
+from pyspark_txn.spark.features import missing_features
 
 assert pyspark.__version__.startswith("3.5"), pyspark.__version__
 names = [f.name for f in missing_features() if f.required]

@@ -2,8 +2,7 @@
 
 Everything here is about Spark's Python data source API, not about a target:
 the writer base class, the commit message that carries phase 1's handles back
-to the driver, the run id of a task, worker logging, the stream's Arrow schema,
-the option parsers the sinks share, and allocation before phase 1.
+to the driver, the run id of a task, worker logging, the option parsers the sinks share, and allocation before phase 1.
 """
 
 from __future__ import annotations
@@ -17,6 +16,8 @@ from typing import Any
 from pyspark.sql.datasource import WriterCommitMessage
 
 from ..errors import ConfigError, ProtocolViolation
+from ..spark.arrow import as_arrow as as_arrow  # re-exported: the sinks import them from here
+from ..spark.arrow import spark_to_arrow_schema as spark_to_arrow_schema
 from ..state import TxnHandle
 from ..state.core import MAX_NAME_LENGTH, NAME_CHARS
 from .twophase import TwoPhaseCommitter
@@ -198,49 +199,3 @@ def prepare_attempt(
     if release_staged:
         committer.release_staged()
     return committer.allocate(target_meta)
-
-
-def spark_to_arrow_schema(spark_schema, target: str = "a Delta table"):
-    """The Arrow schema of the stream. Timestamps are UTC instants, as on Spark's Arrow path.
-
-    A column Arrow (or the target) cannot carry is named in a ``ConfigError``
-    before anything is staged, not left to a conversion traceback.
-    """
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
-
-    from ..spark_features import utc_arrow_schema_kwargs
-
-    fields = []
-    for f in spark_schema.fields:
-        if "variant" in f.dataType.simpleString():
-            raise ConfigError(
-                f"column {f.name!r} has type {f.dataType.simpleString()}: pyspark-txn cannot "
-                "write VARIANT yet; convert it first, e.g. to_json(col)"
-            )
-        try:
-            fields.append(to_arrow_schema(StructType([f]), **utc_arrow_schema_kwargs()).field(0))
-        except Exception as e:
-            raise ConfigError(
-                f"column {f.name!r} has type {f.dataType.simpleString()}, which cannot be "
-                f"written to {target} ({e}); cast it or give it a type with .cast(...)"
-            ) from None
-    return pa.schema(fields)
-
-
-def as_arrow(iterator, arrow_schema, chunk_rows: int = 65536):
-    """Arrow batches from whatever the installed PySpark hands the writer."""
-    import pyarrow as pa
-
-    rows: list = []
-    for item in iterator:
-        if isinstance(item, pa.RecordBatch):
-            yield item
-            continue
-        rows.append(item.asDict(recursive=True))
-        if len(rows) >= chunk_rows:
-            yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
-            rows = []
-    if rows:
-        yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)

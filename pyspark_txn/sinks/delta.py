@@ -17,18 +17,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from .. import _fs
-from .._options import check_location, parse_storage_options, reject_unknown_options
-from ..checkpoint import (
+from ..errors import ConfigError
+from ..faults import FaultPlan
+from ..spark.options import check_location, parse_storage_options, reject_unknown_options
+from ..state import DEFAULT_RETAIN_SNAPSHOTS, DeltaEventLog, RecordStore, TxnHandle, new_token
+from ..storage import fs as _fs
+from ..storage.checkpoint import (
     default_record_table,
     persisted_sink_id,
     read_batch_offsets,
     read_query_id,
 )
-from ..errors import ConfigError
-from ..faults import FaultPlan
-from ..state import DEFAULT_RETAIN_SNAPSHOTS, DeltaEventLog, RecordStore, TxnHandle, new_token
-from ..storage import StorageOptions, using
+from ..storage.options import StorageOptions, using
 from ._spark import (
     TxnCommitMessage,
     WriterBase,
@@ -45,6 +45,7 @@ from ._spark import (
     worker_logging,
 )
 from .delta_target import DeltaTarget, check_writable_schema, schema_to_b64
+from .hooks import ExportSite, serve_exports
 from .light import LIGHT_SNAPSHOT_ID, LightCommitter
 from .staging import PARQUET_CODECS, StagingConfig, stage_partition
 from .twophase import TwoPhaseCommitter
@@ -312,10 +313,7 @@ class DeltaSinkOptions:
         )
 
     def _serve_exports(self, state, record, version) -> None:
-        from .. import snapshots
-        from ..admin import SinkHandle
-
-        handle = SinkHandle(
+        site = ExportSite(
             record_table=self.record_table,
             sink_id=self.sink_id,
             target_uri=self.path,
@@ -325,7 +323,7 @@ class DeltaSinkOptions:
             checkpoint=self.checkpoint_location,
         )
         with using(self.storage):  # every store the export touches
-            snapshots.serve_export_requests(handle, state, record, version)
+            serve_exports(site, state, record, version)
 
     def light_committer(self) -> LightCommitter:
         return LightCommitter(self.target(), self.sink_id, self.faults)

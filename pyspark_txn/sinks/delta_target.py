@@ -17,11 +17,11 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .. import _fs
-from .._delta import open_table
 from ..errors import CheckpointMismatchError, ConfigError, CorruptSnapshotError
 from ..state import SnapshotRecord, TxnHandle
-from ..storage import StorageOptions
+from ..storage import fs as _fs
+from ..storage.delta_tables import open_table
+from ..storage.options import StorageOptions
 from .staging import (
     MARKER_SUFFIX,
     STAGING_ROOT,

@@ -54,12 +54,12 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
-from .. import _fs
-from .._options import reject_unknown_options
-from ..checkpoint import read_batch_offsets, read_query_id
 from ..errors import ConfigError, ProtocolViolation, TxnError
+from ..spark.options import reject_unknown_options
 from ..state import TxnHandle, new_token
-from ..storage import StorageOptions
+from ..storage import fs as _fs
+from ..storage.checkpoint import read_batch_offsets, read_query_id
+from ..storage.options import StorageOptions
 from ._spark import worker_logging
 from .delta import SINK_OPTIONS, DeltaSinkOptions, spark_to_arrow_schema
 from .delta_target import DeltaTarget, check_writable_schema

@@ -19,17 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import _fs
-from .._options import check_location, reject_unknown_options
-from ..checkpoint import (
-    default_record_table,
-    latest_batch,
-    persisted_sink_id,
-    read_batch_offsets,
-    read_query_id,
-)
 from ..errors import ConfigError, ProtocolViolation, TxnError
 from ..faults import FaultPlan
+from ..spark.options import check_location, reject_unknown_options
 from ..state import (
     DEFAULT_RETAIN_SNAPSHOTS,
     DeltaEventLog,
@@ -38,6 +30,14 @@ from ..state import (
     SinkState,
     TxnHandle,
     decide,
+)
+from ..storage import fs as _fs
+from ..storage.checkpoint import (
+    default_record_table,
+    latest_batch,
+    persisted_sink_id,
+    read_batch_offsets,
+    read_query_id,
 )
 from ._spark import (
     TxnCommitMessage,
@@ -54,22 +54,17 @@ from ._spark import (
     task_slot,
     worker_logging,
 )
-from .postgres_target import (
+from .postgres_db import (
     MAX_GID,
     Connector,
-    PostgresTarget,
-    WriteConfig,
-    check_server,
-    create_table,
-    ensure_marker_tables,
-    fast_kinds,
     parse_table_name,
     raise_db_error,
     redact,
-    resolve_columns,
-    stage_partition,
     without_password,
 )
+from .postgres_ddl import check_server, create_table, ensure_marker_tables, resolve_columns
+from .postgres_staging import WriteConfig, fast_kinds, stage_partition
+from .postgres_target import PostgresTarget
 from .twophase import TwoPhaseCommitter
 
 SINK_OPTIONS = {

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any, Literal
 
-from .. import _fs
 from ..state import TxnHandle
-from ..storage import StorageOptions
+from ..storage import fs as _fs
+from ..storage.options import StorageOptions
 
 log = logging.getLogger(__name__)
 

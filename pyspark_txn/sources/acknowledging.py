@@ -56,11 +56,11 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from .. import _fs
 from ..errors import ConfigError, SourceError, TxnError
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import DeltaEventLog, Event, EventKind, OffsetLogState, RecordStore
 from ..state import offset_log as offset_log_events
+from ..storage import fs as _fs
 from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order, limit_rows
 
 log = logging.getLogger(__name__)

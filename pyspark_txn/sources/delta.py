@@ -29,26 +29,46 @@ rename, a column-mapping mode change) or a reader feature this source does not
 implement stops the stream *at* that version, after everything before it was
 served: restart the query to pick up the new schema (files written before the
 change read the new columns as null).
-"""
+
+Modules: this one (the options and the reader), ``delta_schema`` (logical to physical
+schema, compatible changes, reading a data file into the stream's schema),
+``delta_commits`` (the Delta log: protocol checks, commits, a snapshot's deletion vectors)."""
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from .. import _fs
-from .._options import check_location, parse_storage_options, reject_unknown_options
 from ..errors import ConfigError, SourceError
-from ..sinks.delta import spark_to_arrow_schema
-from ..storage import StorageOptions
+from ..spark.arrow import spark_to_arrow_schema
+from ..spark.options import check_location, parse_storage_options, reject_unknown_options
+from ..storage import fs as _fs
+from ..storage.options import StorageOptions
 from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order
 from ._deletion_vectors import load_deletion_vector
-from ._partition_values import DECIMAL_TYPE, INTEGRAL_TYPES, parse_partition_value, type_name
+from ._partition_values import parse_partition_value
+from .delta_commits import (
+    ChangeSet,
+    DeltaFile,
+    _mapping_mode,
+    _Protocol,
+    _protocol_problem,
+    _read_commit,
+    _snapshot_deletion_vectors,
+)
+from .delta_schema import (
+    READ_BATCH_ROWS,
+    _conform,
+    _lookup,
+    _partition_column,
+    _physical,
+    _source_fields,
+    _struct_change,
+)
 
 DELTA_SOURCE_OPTIONS = {
     "path": "Delta table URI (required)",
@@ -59,37 +79,6 @@ DELTA_SOURCE_OPTIONS = {
     "and the files they add are streamed (rewritten rows come again), as Delta's ignoreChanges",
     "storageOptions": "JSON object of delta-rs storage options",
 }
-
-# Reader features whose semantics this source implements (anything else is refused by name).
-SUPPORTED_READER_FEATURES = frozenset(
-    {
-        "columnMapping",
-        "deletionVectors",
-        "timestampNtz",
-        "typeWidening",
-        "typeWidening-preview",
-        "v2Checkpoint",
-        "vacuumProtocolCheck",
-    }
-)
-READ_BATCH_ROWS = 65536  # rows per Arrow batch read from a data file
-_FIELD_ID = b"PARQUET:field_id"
-
-
-@dataclass(frozen=True)
-class DeltaFile:
-    uri: str
-    # (logical column, value already converted to the column's Python type), partition columns only
-    partition_values: tuple[tuple[str, Any], ...] = ()
-    # the add action's deletionVector descriptor, as sorted items; None without one
-    deletion_vector: tuple[tuple[str, Any], ...] | None = None
-
-
-@dataclass(frozen=True)
-class ChangeSet:
-    files: tuple[DeltaFile, ...]
-    # why this version cannot be streamed (the stream stops before it); None if it can
-    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -205,187 +194,6 @@ def _strip_delta_metadata(node: Any) -> Any:
 class DeltaFiles(InputPartition):
     def __init__(self, files: list[DeltaFile]) -> None:
         self.files = files
-
-
-# --- schema: logical -> physical, compatibility ------------------------------------------
-
-
-def _physical(field: Mapping[str, Any], mode: str) -> str:
-    if mode == "none":
-        return field["name"]
-    return (field.get("metadata") or {}).get("delta.columnMapping.physicalName", field["name"])
-
-
-def _field_id(field: Mapping[str, Any]) -> int | None:
-    raw = (field.get("metadata") or {}).get("delta.columnMapping.id")
-    return None if raw is None else int(raw)
-
-
-def _widens(old: str, new: str) -> bool:
-    """Delta type widening: values of ``old`` read losslessly as ``new``."""
-    if old == new:
-        return True
-    if old in INTEGRAL_TYPES and new in INTEGRAL_TYPES:
-        return INTEGRAL_TYPES.index(old) < INTEGRAL_TYPES.index(new)
-    if old == "float" and new == "double":
-        return True
-    if old in ("byte", "short", "integer") and new == "double":
-        return True
-    if old == "date" and new == "timestamp_ntz":
-        return True
-    m_new = DECIMAL_TYPE.fullmatch(new)
-    if m_new:
-        p2, s2 = int(m_new[1]), int(m_new[2])
-        m_old = DECIMAL_TYPE.fullmatch(old)
-        if m_old:
-            p1, s1 = int(m_old[1]), int(m_old[2])
-            return s2 >= s1 and p2 - s2 >= p1 - s1
-        digits = {"byte": 3, "short": 5, "integer": 10, "long": 20}.get(old)
-        return digits is not None and p2 - s2 >= digits
-    return False
-
-
-def _type_change(old: Any, new: Any, mode: str, path: str) -> str | None:
-    """Why data of Delta type ``old`` cannot be read as the stream's type ``new``; None if it can."""
-    if isinstance(old, str) or isinstance(new, str):
-        if isinstance(old, str) and isinstance(new, str) and _widens(old, new):
-            return None
-        return f"column {path!r} changed type from {type_name(old)} to {type_name(new)}"
-    if old["type"] != new["type"]:
-        return f"column {path!r} changed type from {type_name(old)} to {type_name(new)}"
-    if old["type"] == "struct":
-        return _struct_change(old, new, mode, path + ".")
-    if old["type"] == "array":
-        if old.get("containsNull", True) and not new.get("containsNull", True):
-            return f"the elements of column {path!r} became nullable"
-        return _type_change(old["elementType"], new["elementType"], mode, path + ".element")
-    if old["type"] == "map":
-        if old.get("valueContainsNull", True) and not new.get("valueContainsNull", True):
-            return f"the values of column {path!r} became nullable"
-        return _type_change(old["keyType"], new["keyType"], mode, path + ".key") or _type_change(
-            old["valueType"], new["valueType"], mode, path + ".value"
-        )
-    return None
-
-
-def _struct_change(old: Mapping, new: Mapping, mode: str, prefix: str = "") -> str | None:
-    """Why the stream's struct ``new`` cannot carry the table's struct ``old``; None if it can.
-
-    ``new`` may have more fields than ``old`` (they read as null): that is how a query
-    restarted on a newer schema replays versions written before the change.
-    """
-    by_name = {f["name"]: f for f in new["fields"]}
-    for f in old["fields"]:
-        path = prefix + f["name"]
-        where = f"column {path!r}"
-        g = by_name.get(f["name"])
-        if g is None:
-            return f"{where} is not in the stream's schema (added or renamed)"
-        if _physical(f, mode) != _physical(g, mode) or (
-            mode == "id" and _field_id(f) != _field_id(g)
-        ):
-            return f"{where} now maps to other data (a column was dropped or renamed)"
-        if f.get("nullable", True) and not g.get("nullable", True):
-            return f"{where} became nullable"
-        change = _type_change(f["type"], g["type"], mode, path)
-        if change:
-            return change
-    return None
-
-
-# --- reading a data file into the stream's Arrow schema ----------------------------------
-
-
-def _source_fields(arrow_fields, mode: str):
-    """Index the file's fields by what the mapping mode resolves columns with."""
-    out: dict[Any, int] = {}
-    for i, f in enumerate(arrow_fields):
-        if mode == "id":
-            raw = (f.metadata or {}).get(_FIELD_ID)
-            if raw is not None:
-                out[int(raw)] = i
-        else:
-            out[f.name] = i
-    return out
-
-
-def _lookup(index: Mapping[Any, int], field: Mapping[str, Any], mode: str) -> int | None:
-    if mode == "id":
-        fid = _field_id(field)
-        return None if fid is None else index.get(fid)
-    return index.get(_physical(field, mode))
-
-
-def _conform(arr, target, delta_type: Any, mode: str, where: str):
-    """An Arrow array read from a file -> the stream's Arrow type, resolving nested fields."""
-    import pyarrow as pa
-
-    if pa.types.is_struct(target):
-        if not pa.types.is_struct(arr.type):
-            raise SourceError(f"txn-delta source: {where} is {arr.type} in the file, not a struct")
-        children = arr.flatten()
-        index = _source_fields(list(arr.type), mode)
-        by_name = {f["name"]: f for f in delta_type["fields"]}
-        cols = []
-        for field in target:
-            df = by_name.get(field.name)
-            if df is None:
-                raise SourceError(f"txn-delta source: {where}.{field.name} is not in the table")
-            i = _lookup(index, df, mode)
-            if i is None:
-                cols.append(pa.nulls(len(arr), field.type))
-            else:
-                cols.append(
-                    _conform(children[i], field.type, df["type"], mode, where + "." + field.name)
-                )
-        return pa.StructArray.from_arrays(
-            cols, fields=list(target), mask=arr.is_null() if arr.null_count else None
-        )
-    if pa.types.is_list(target) or pa.types.is_large_list(target):
-        if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
-            raise SourceError(f"txn-delta source: {where} is {arr.type} in the file, not a list")
-        values = _conform(
-            arr.values, target.value_type, delta_type["elementType"], mode, where + ".element"
-        )
-        cls = pa.LargeListArray if pa.types.is_large_list(target) else pa.ListArray
-        offsets = arr.offsets.cast(pa.int64() if cls is pa.LargeListArray else pa.int32())
-        return cls.from_arrays(
-            offsets, values, type=target, mask=arr.is_null() if arr.null_count else None
-        )
-    if pa.types.is_map(target):
-        if not pa.types.is_map(arr.type):
-            raise SourceError(f"txn-delta source: {where} is {arr.type} in the file, not a map")
-        keys = _conform(arr.keys, target.key_type, delta_type["keyType"], mode, where + ".key")
-        items = _conform(
-            arr.items, target.item_type, delta_type["valueType"], mode, where + ".value"
-        )
-        return pa.MapArray.from_arrays(
-            arr.offsets, keys, items, type=target, mask=arr.is_null() if arr.null_count else None
-        )
-    if arr.type == target:
-        return arr
-    try:
-        return arr.cast(target, safe=not pa.types.is_timestamp(target))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise SourceError(
-            f"txn-delta source: {where} is {arr.type} in the file and cannot be read as {target}: {e}"
-        ) from e
-
-
-def _partition_column(value: Any, target, n: int, where: str):
-    import pyarrow as pa
-
-    if value is None:
-        return pa.nulls(n, target)
-    try:
-        return pa.repeat(pa.scalar(value, type=target), n)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
-        raise SourceError(
-            f"txn-delta source: partition value {value!r} of {where} does not fit {target}: {e}"
-        ) from e
-
-
-# --- the reader --------------------------------------------------------------------------
 
 
 class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -574,6 +382,14 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- offsets ----------------------------------------------------------------
 
     def initialOffset(self) -> dict:
+        # Spark asks again when it runs the first batch (to get its start): with
+        # 'snapshot' or 'latest' the table may have moved on by then, and a second
+        # answer past the batch's end would make that batch read nothing.
+        if getattr(self, "_initial", None) is None:
+            self._initial = self._initial_offset()
+        return self._initial
+
+    def _initial_offset(self) -> dict:
         latest = self.opts.table().version()
         if self.opts.starting == "snapshot":
             return canonical({"version": latest, "index": 0, "snapshot": True})
@@ -713,143 +529,3 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # replayable: nothing to acknowledge; file lists before ``end`` are not asked again
         # (a replay would just list them again), so a long-running query's cache stays small
         self._changes = {k: v for k, v in self._changes.items() if k[0] >= end["version"]}
-
-
-# --- the log -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Protocol:
-    min_reader_version: int
-    reader_features: list[str] | None
-
-    @classmethod
-    def of(cls, protocol: Any) -> _Protocol:
-        """From a log ``protocol`` action or deltalake's ``ProtocolVersions``."""
-        if isinstance(protocol, Mapping):
-            return cls(int(protocol.get("minReaderVersion", 1)), protocol.get("readerFeatures"))
-        return cls(int(protocol.min_reader_version), list(protocol.reader_features or []) or None)
-
-
-def _protocol_problem(protocol) -> str | None:
-    version = int(protocol.min_reader_version)
-    if version > 3:
-        return f"needs Delta reader version {version}; this source reads versions 1 to 3"
-    if version == 3:
-        unknown = sorted(set(protocol.reader_features or []) - SUPPORTED_READER_FEATURES)
-        if unknown:
-            return (
-                f"uses Delta reader feature(s) {unknown}, which this source does not implement "
-                f"(it implements {sorted(SUPPORTED_READER_FEATURES)})"
-            )
-    return None
-
-
-def _mapping_mode(configuration: Mapping[str, Any], protocol: _Protocol) -> str:
-    """The column mapping mode in effect: the table property counts only when the protocol
-    supports the feature (reader version 2, or 3 listing ``columnMapping``), PROTOCOL.md says."""
-    supported = protocol.min_reader_version == 2 or (
-        protocol.min_reader_version == 3 and "columnMapping" in (protocol.reader_features or [])
-    )
-    if not supported:
-        return "none"
-    mode = str(configuration.get("delta.columnMapping.mode") or "none").lower()
-    if mode not in ("none", "name", "id"):
-        raise SourceError(f"txn-delta source: unknown column mapping mode {mode!r}")
-    return mode
-
-
-def _read_commit(fs, root: str, version: int, uri: str) -> list[dict]:
-    path = _fs.join(root, "_delta_log", f"{version:020d}.json")
-    if not fs.exists(path):
-        raise SourceError(
-            f"txn-delta source: commit {version} of {uri} is no longer in the Delta "
-            "log (log retention cleaned it up): those offsets cannot be replayed. Restart from "
-            "a snapshot (startingVersion=snapshot with a new checkpoint)."
-        )
-    with fs.open(path, "r", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-_CHECKPOINT = re.compile(
-    r"(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10})|\.([0-9a-fA-F-]{36}))?\.(parquet|json)"
-)
-
-
-def _snapshot_deletion_vectors(fs, root: str, version: int, paths: list[str]) -> dict[str, Any]:
-    """path -> deletionVector of the live ``paths`` at ``version`` (deltalake 1.6's add-action
-    listing has none): the newest add of each path, from the commits back to a checkpoint."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    log = _fs.join(root, "_delta_log")
-    names = [n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(log, detail=False)]
-    parts: dict[int, dict[Any, set]] = {}
-    for n in names:
-        m = _CHECKPOINT.fullmatch(n)
-        if m and int(m[1]) <= version:
-            kind = ("multi", int(m[3])) if m[2] else ("single", n)
-            parts.setdefault(int(m[1]), {}).setdefault(kind, set()).add(n)
-    base, base_files = -1, []
-    for v in sorted(parts, reverse=True):
-        for (kind, arg), files in parts[v].items():
-            if kind == "single" or len(files) == arg:
-                base, base_files = v, sorted(files)
-                break
-        if base >= 0:
-            break
-    need, found = set(paths), {}
-    for v in range(version, base, -1):
-        if not need:
-            break
-        for action in _read_commit(fs, root, v, root):
-            add = action.get("add")
-            if add and add["path"] in need:
-                found[add["path"]] = add.get("deletionVector")
-                need.discard(add["path"])
-    if not need:
-        return found
-    wanted = pa.array(sorted(need), pa.string())
-
-    def take(adds) -> None:
-        for a in adds:
-            if a and a["path"] in need:
-                found[a["path"]] = a.get("deletionVector")
-                need.discard(a["path"])
-
-    def from_parquet(path: str) -> list[str]:
-        sidecars: list[str] = []
-        with fs.open(path, "rb") as fh:
-            pf = pq.ParquetFile(fh)
-            cols = [c for c in ("add", "sidecar") if c in pf.schema_arrow.names]
-            for batch in pf.iter_batches(columns=cols):
-                if "add" in cols:
-                    add = batch.column("add")
-                    hit = pc.fill_null(pc.is_in(pc.struct_field(add, "path"), wanted), False)
-                    take(add.filter(hit).to_pylist())
-                if "sidecar" in cols:
-                    sidecars += [s["path"] for s in batch.column("sidecar").to_pylist() if s]
-        return sidecars
-
-    sidecars: list[str] = []
-    for name in base_files:
-        path = _fs.join(log, name)
-        if name.endswith(".json"):
-            with fs.open(path, "r", encoding="utf-8") as fh:
-                lines = [json.loads(line) for line in fh if line.strip()]
-            take(a.get("add") for a in lines)
-            sidecars += [a["sidecar"]["path"] for a in lines if "sidecar" in a]
-        else:
-            sidecars += from_parquet(path)
-    for sidecar in sidecars:
-        if "://" not in sidecar and not sidecar.startswith("/"):
-            sidecar = _fs.join(log, "_sidecars", sidecar)
-        from_parquet(sidecar.removeprefix("file://"))
-    if need:
-        raise SourceError(
-            f"txn-delta source: the Delta log of {root} has no add action for "
-            f"{sorted(need)[:3]} at or before version {version}: cannot find their deletion "
-            "vectors"
-        )
-    return found

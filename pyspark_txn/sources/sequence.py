@@ -14,8 +14,8 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from .._options import reject_unknown_options
 from ..errors import ConfigError
+from ..spark.options import reject_unknown_options
 from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order, limit_rows
 
 SEQUENCE_OPTIONS = {

@@ -1,5 +1,6 @@
 """Protocol state: a pure core (records, fold, transitions) and a thin IO shell."""
 
+from .backends.delta_log import DeltaEventLog
 from .core import (
     DEFAULT_RETAIN_SNAPSHOTS,
     NO_SNAPSHOT,
@@ -29,7 +30,6 @@ from .core import (
     summary_due,
     take_over,
 )
-from .delta_log import DeltaEventLog
 from .events import FORMAT_VERSION, Event, EventKind
 from .offset_log import OffsetLogState, fold_offsets
 from .store import AppendRejected, EventLog, MemoryEventLog, RecordStore

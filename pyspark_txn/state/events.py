@@ -13,9 +13,12 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UnsupportedFormatVersion
+
+if TYPE_CHECKING:  # the pure core imports pyarrow only when it converts
+    import pyarrow as pa
 
 #: Bumped when the meaning of a column or payload key changes. Readers refuse
 #: newer versions instead of guessing what they mean.
@@ -110,7 +113,7 @@ class Event:
         )
 
 
-def arrow_schema():
+def arrow_schema() -> pa.Schema:
     """The record table's schema (imported lazily: the pure core needs no pyarrow)."""
     import pyarrow as pa
 
@@ -131,7 +134,7 @@ def arrow_schema():
     )
 
 
-def events_to_arrow(events: list[Event]):
+def events_to_arrow(events: list[Event]) -> pa.Table:
     import pyarrow as pa
 
     return pa.Table.from_pylist([e.to_row() for e in events], schema=arrow_schema())

@@ -17,11 +17,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from pyspark_txn._delta import open_table
 from pyspark_txn.sinks.delta import DeltaSinkOptions
 from pyspark_txn.sinks.delta_target import schema_to_b64
 from pyspark_txn.sinks.staging import stage_partition
 from pyspark_txn.state import SnapshotKind, SnapshotRecord, new_token
+from pyspark_txn.storage.delta_tables import open_table
 
 SINK = "sink-ckpt"
 SCHEMA = pa.schema([pa.field("id", pa.int64())])

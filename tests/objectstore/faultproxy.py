@@ -20,8 +20,9 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "co
 
 
 class FaultProxy:
-    def __init__(self, upstream_host: str, upstream_port: int, seed: int = 0) -> None:
+    def __init__(self, upstream_host: str, upstream_port: int, seed: int = 0, shim=None) -> None:
         self.upstream = (upstream_host, upstream_port)
+        self.shim = shim  # rewrites requests for a server that lacks part of the API (gcs.py)
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.error_rate = 0.0  # 500 without forwarding
@@ -106,17 +107,20 @@ class FaultProxy:
             if method != "HEAD":
                 h.wfile.write(payload)
             return
-        conn = http.client.HTTPConnection(*self.upstream, timeout=60)
-        try:
-            headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
-            if body or method in ("PUT", "POST"):
-                headers["Content-Length"] = str(len(body))
-            conn.request(method, h.path, body=body, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-            status, reason, resp_headers = resp.status, resp.reason, resp.getheaders()
-        finally:
-            conn.close()
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
+        if self.shim is None:
+            status, reason, resp_headers, data = self._forward(method, h.path, headers, body)
+        else:
+            sent, path, headers, t = self.shim.request(method, h.path, headers)
+            try:
+                if t.refusal is not None:
+                    status, data = t.refusal
+                    reason, resp_headers = "", [("Content-Type", "application/xml")]
+                else:
+                    status, reason, resp_headers, data = self._forward(sent, path, headers, body)
+                    status, resp_headers, data = self.shim.response(t, status, resp_headers, data)
+            finally:
+                self.shim.release(t)
         if self.drop_rate and self._draw() < self.drop_rate:
             self.faults["drop"] += 1  # the server applied it; the client never hears
             self._reset(h)
@@ -133,3 +137,15 @@ class FaultProxy:
         h.end_headers()
         if method != "HEAD":
             h.wfile.write(data)
+
+    def _forward(self, method: str, path: str, headers: dict[str, str], body: bytes):
+        conn = http.client.HTTPConnection(*self.upstream, timeout=60)
+        try:
+            if body or method in ("PUT", "POST"):
+                headers["Content-Length"] = str(len(body))
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            return resp.status, resp.reason, resp.getheaders(), data
+        finally:
+            conn.close()

@@ -1,6 +1,6 @@
 """The PostgreSQL target without Spark: prepared transactions on a real server.
 
-Phase 1 is ``postgres_target.stage_partition`` (what a write task runs), the
+Phase 1 is ``postgres_staging.stage_partition`` (what a write task runs), the
 protocol is ``TwoPhaseCommitter`` with a Delta record table, as in the sink.
 """
 
@@ -26,7 +26,7 @@ from pyspark_txn.errors import (
     TargetUnavailableError,
 )
 from pyspark_txn.faults import InjectedFault
-from pyspark_txn.sinks import postgres_target
+from pyspark_txn.sinks import postgres_db, postgres_staging, postgres_target
 from pyspark_txn.sinks.postgres import PostgresSinkOptions
 from pyspark_txn.state import bookkeeping_floor, new_token, pending_phase2
 
@@ -61,7 +61,7 @@ class Sink:
         txns = []
         for p, rows in enumerate(partitions):
             batch = pa.RecordBatch.from_pylist(rows, schema=self.schema)
-            txns += postgres_target.stage_partition(
+            txns += postgres_staging.stage_partition(
                 [batch], self.config, sid, tok, p, attempt, self.schema
             )
         return txns
@@ -513,7 +513,7 @@ def test_the_numpy_copy_encoder_writes_what_psycopg_writes(pg, tmp_path, nulls):
         if not fast:
             sink.config = dataclasses.replace(sink.config, fast_kinds=None)
         sid, tok = sink.committer.allocate()
-        txns = postgres_target.stage_partition([batch], sink.config, sid, tok, 0, 0, SCALARS)
+        txns = postgres_staging.stage_partition([batch], sink.config, sid, tok, 0, 0, SCALARS)
         sink.committer.commit(0, sid, tok, txns, run_id="r", query_id="q", target_meta={})
         got[fast] = sink.rows()
     assert len(got[True]) == 40
@@ -544,21 +544,21 @@ def test_a_user_without_create_privileges_writes_into_existing_tables(pg, tmp_pa
     ],
 )
 def test_table_names_are_read_as_postgresql_reads_them(name, parsed):
-    assert postgres_target.parse_table_name(name) == parsed
+    assert postgres_db.parse_table_name(name) == parsed
 
 
 def test_gids_name_sink_attempt_and_task_and_parse_back():
-    gid = postgres_target.make_gid("my.sink-1", 42, "abc123", 3, 7)
+    gid = postgres_db.make_gid("my.sink-1", 42, "abc123", 3, 7)
     assert gid == "ptxn:my.sink-1:000000000042:abc123:3:7"
-    assert postgres_target.parse_gid(gid, "my.sink-1") == (42, "abc123")
-    assert postgres_target.parse_gid(gid, "my.sink") is None  # another sink's prefix
-    assert postgres_target.parse_gid("ptxn:my.sink-1:x:y", "my.sink-1") is None
+    assert postgres_db.parse_gid(gid, "my.sink-1") == (42, "abc123")
+    assert postgres_db.parse_gid(gid, "my.sink") is None  # another sink's prefix
+    assert postgres_db.parse_gid("ptxn:my.sink-1:x:y", "my.sink-1") is None
 
 
 def test_redact_hides_the_password_in_uris_and_keyword_strings():
-    assert "pw" not in postgres_target.redact("postgresql://u:pw@h:5432/db")
-    assert "pw" not in postgres_target.redact("host=h user=u password=pw dbname=db")
-    kept = postgres_target.without_password("postgresql://u:sekrit@h:5432/db?sslpassword=sekrit")
+    assert "pw" not in postgres_db.redact("postgresql://u:pw@h:5432/db")
+    assert "pw" not in postgres_db.redact("host=h user=u password=pw dbname=db")
+    kept = postgres_db.without_password("postgresql://u:sekrit@h:5432/db?sslpassword=sekrit")
     assert "sekrit" not in kept and "password" not in kept and "host=h" in kept
 
 
@@ -569,13 +569,13 @@ def test_a_refused_login_and_an_unreachable_server_are_named_errors(pg, tmp_path
     from pg_server import free_port
 
     server, schema = pg
-    bad = postgres_target.Connector(server.url.replace(server.password, "wrong-pw"))
+    bad = postgres_db.Connector(server.url.replace(server.password, "wrong-pw"))
     with pytest.raises(ConfigError, match="password authentication failed") as e:
         bad.connect()
     assert isinstance(e.value.__cause__, psycopg.OperationalError)
     assert "PGPASSWORD" in str(e.value) and "wrong-pw" not in str(e.value)
     assert "--password-file" in str(e.value)  # the CLI's spelling too (issue 23 item 13)
-    gone = postgres_target.Connector(f"postgresql://txn:pw@127.0.0.1:{free_port()}/postgres")
+    gone = postgres_db.Connector(f"postgresql://txn:pw@127.0.0.1:{free_port()}/postgres")
     target = postgres_target.PostgresTarget(gone, schema, "t", "pg-sink")
     with pytest.raises(TargetUnavailableError, match="cannot be reached") as e:
         target.committed_batch("pg-sink")
@@ -645,7 +645,7 @@ def test_lock_and_serialization_failures_are_busy_errors_and_phase_2_finishes_la
         a.execute("COMMIT")
         with pytest.raises(psycopg.errors.SerializationFailure) as raw:
             b.execute("COMMIT")
-    err = postgres_target.db_error(raw.value, "upserting", server.url)
+    err = postgres_db.db_error(raw.value, "upserting", server.url)
     assert isinstance(err, TargetBusyError) and err.retryable and server.password not in str(err)
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from pyspark_txn.errors import SourceError
 from pyspark_txn.sources.acknowledging import ClaimCoordinator, ack_committed
-from pyspark_txn.sources.redis import RedisSourceOptions, _converter, _row_converter
+from pyspark_txn.sources.redis import RedisSourceOptions
+from pyspark_txn.sources.redis_rows import _converter, _row_converter
 
 RAW = pa.schema(
     [
@@ -359,7 +360,7 @@ def test_json_values_follow_the_declared_types():
 def test_json_numbers_keep_their_precision_and_not_null_is_checked():
     import decimal
 
-    from pyspark_txn.sources.redis import _json_document
+    from pyspark_txn.sources.redis_rows import _json_document
 
     doc = _json_document(
         "s/1-0",

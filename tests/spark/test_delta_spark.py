@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from pyspark_txn.checkpoint import RECORDS_DIR
+from pyspark_txn.storage.checkpoint import RECORDS_DIR
 
 pytestmark = pytest.mark.spark
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 from deltalake import DeltaTable
 
-from pyspark_txn.checkpoint import SINK_FILE
+from pyspark_txn.storage.checkpoint import SINK_FILE
 
 pytestmark = pytest.mark.spark
 

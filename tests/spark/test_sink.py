@@ -8,7 +8,7 @@ import pytest
 from deltalake import DeltaTable
 from pipeline_checks import run_to_end
 
-from pyspark_txn.checkpoint import read_query_id
+from pyspark_txn.storage.checkpoint import read_query_id
 
 pytestmark = pytest.mark.spark
 

@@ -18,9 +18,9 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
-from pyspark_txn import state_export
 from pyspark_txn.errors import ConfigError
-from pyspark_txn.state_export import StateTable, export_state, has_state
+from pyspark_txn.operations import state_export
+from pyspark_txn.operations.state_export import StateTable, export_state, has_state
 
 pytestmark = pytest.mark.spark
 

@@ -4,9 +4,9 @@ import shutil
 
 import pytest
 
-from pyspark_txn.checkpoint import persisted_sink_id
 from pyspark_txn.errors import ConfigError
 from pyspark_txn.sinks.delta import DeltaSinkOptions
+from pyspark_txn.storage.checkpoint import persisted_sink_id
 
 
 @pytest.mark.parametrize("records", ["{t}", "{t}/records", "{t}/../t/_records"])
@@ -150,7 +150,8 @@ def test_locations_delta_rs_cannot_use_are_refused_by_name(tmp_path, path, probl
 def test_every_entry_point_checks_a_location_as_the_sink_does(tmp_path, monkeypatch, location):
     """One check for every entry point (issue 23 item 11: `snapshots export --to dbfs:/...`
     wrote into ./dbfs:/... and exited 0)."""
-    from pyspark_txn import admin, state_export
+    from pyspark_txn import admin
+    from pyspark_txn.operations import state_export
     from pyspark_txn.sinks.postgres import PostgresSinkOptions
     from pyspark_txn.sources.delta import DeltaSourceOptions
 
@@ -223,7 +224,7 @@ def test_unknown_options_are_named_with_the_closest_known_one(given, expected):
 
 
 def test_known_options_are_accepted_in_any_case():
-    from pyspark_txn._options import reject_unknown_options
+    from pyspark_txn.spark.options import reject_unknown_options
 
     reject_unknown_options(
         "x", ["PATH", "rowsperbatch", "fs.anon"], ["path", "rowsPerBatch"], {"fs.": "fs.<o>"}
@@ -237,7 +238,7 @@ def test_known_options_are_accepted_in_any_case():
 
 
 def test_a_choice_names_the_option_the_value_and_what_is_allowed():
-    from pyspark_txn._options import parse_choice
+    from pyspark_txn.spark.options import parse_choice
 
     allowed = ("fail", "column")
     assert parse_choice("x", {}, "badMessages", allowed, "fail") == "fail"
@@ -252,7 +253,7 @@ def test_a_choice_names_the_option_the_value_and_what_is_allowed():
 
 
 def test_names_from_elsewhere_get_a_hint_no_spelling_distance_finds():
-    from pyspark_txn._options import reject_unknown_options
+    from pyspark_txn.spark.options import reject_unknown_options
 
     with pytest.raises(ConfigError, match=r"'columnnameofcorruptrecord' \(did you mean bad\?\)"):
         reject_unknown_options(
@@ -295,7 +296,7 @@ def test_locations_read_back_elsewhere_are_refused(tmp_path, path, problem):
 
 def test_a_localhost_file_uri_is_the_absolute_path(tmp_path, monkeypatch):
     """Trial 23 bug B: file://localhost/abs was read as ./localhost/abs."""
-    from pyspark_txn import _fs
+    from pyspark_txn.storage import fs as _fs
 
     monkeypatch.chdir(tmp_path)
     for uri in (f"file://localhost{tmp_path}/t", f"file://LocalHost{tmp_path}/t/"):

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_txn import SparkFeatureError, TxnError
-from pyspark_txn.spark_features import FEATURES, missing_features, utc_arrow_schema_kwargs
+from pyspark_txn.spark.features import FEATURES, missing_features, utc_arrow_schema_kwargs
 
 
 def _run(code: str) -> str:
@@ -53,7 +53,7 @@ def test_a_pyspark_without_the_data_source_api_is_refused_naming_it():
         import pyspark
         sys.modules["pyspark.sql.datasource"] = None  # PySpark 3.5 has no such module
         import pyspark_txn
-        from pyspark_txn.spark_features import missing_features
+        from pyspark_txn.spark.features import missing_features
         print(sorted(f.name for f in missing_features() if f.required))
         try:
             pyspark_txn.register(object())

@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
-from . import _fs
-from ._options import check_location
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..spark.options import check_location
+from ..storage import fs as _fs
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def has_state(checkpoint: str, fs_options: Any = None) -> bool:
     return _any_file(fs, _fs.join(root, "state"), depth=4)
 
 
-def _any_file(fs, path: str, depth: int) -> bool:
+def _any_file(fs: Any, path: str, depth: int) -> bool:
     try:
         entries = fs.ls(path, detail=True)
     except (FileNotFoundError, NotADirectoryError):
@@ -215,7 +215,7 @@ def _path_part(name: str) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_-]', '_', name).strip('_') or 'x'}-{digest}"
 
 
-def _read_metadata(spark, checkpoint: str, batch_id: int | None = None) -> list[Any]:
+def _read_metadata(spark: Any, checkpoint: str, batch_id: int | None = None) -> list[Any]:
     reader = spark.read.format("state-metadata")
     if batch_id is not None:
         reader = reader.option("batchId", str(batch_id))
@@ -257,7 +257,7 @@ def _committed_range(rows: list[Any], checkpoint: str) -> tuple[int, int]:
 
 
 def _check_batch(
-    spark,
+    spark: Any,
     checkpoint: str,
     batch_id: int,
     rows: list[Any],
@@ -296,7 +296,7 @@ def _check_batch(
     return rows
 
 
-def _stores(spark, checkpoint: str, batch_id: int, rows: list[Any]) -> list[_Store]:
+def _stores(spark: Any, checkpoint: str, batch_id: int, rows: list[Any]) -> list[_Store]:
     """One entry per table: operators and stores, and transformWithState's state variables."""
     tws_props: dict[int, dict[str, Any]] | None = None
     stores: list[_Store] = []
@@ -354,7 +354,7 @@ def _properties(raw: str | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _delta_safe(col, dtype):
+def _delta_safe(col: Any, dtype: Any) -> Any:
     """``col`` as a type Delta can store, or None when it carries nothing Delta can hold.
 
     Delta (and Parquet) have no ``void`` type and no empty struct: a ``void``
@@ -395,7 +395,7 @@ def _delta_safe(col, dtype):
     return col  # pragma: no cover - _needs_change covers every other type
 
 
-def _element(col, dtype):
+def _element(col: Any, dtype: Any) -> Any:
     """An array element or map key/value cannot be dropped: one Delta cannot hold is a null string."""
     from pyspark.sql import functions as F
 
@@ -403,7 +403,7 @@ def _element(col, dtype):
     return F.lit(None).cast("string") if converted is None else converted
 
 
-def _needs_change(dtype) -> bool:
+def _needs_change(dtype: Any) -> bool:
     from pyspark.sql import types as T
 
     if isinstance(
@@ -420,7 +420,7 @@ def _needs_change(dtype) -> bool:
     return False
 
 
-def _state_frame(spark, checkpoint: str, batch_id: int, store: _Store):
+def _state_frame(spark: Any, checkpoint: str, batch_id: int, store: _Store) -> Any:
     """Spark's state reader for one table, with the columns made storable in Delta."""
     reader = spark.read.format("statestore").option("batchId", str(batch_id))
     reader = reader.option("operatorId", str(store.operator_id))
@@ -441,7 +441,7 @@ def _state_frame(spark, checkpoint: str, batch_id: int, store: _Store):
 
 
 def export_state(
-    spark,
+    spark: Any,
     checkpoint: str,
     batch_id: int,
     to: str,

@@ -6,8 +6,8 @@ import difflib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from . import _fs
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..storage import fs as _fs
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 _NO_DELTA_RS = ("dbfs",)
@@ -56,7 +56,7 @@ def parse_storage_options(raw: str | None, where: str, option: str) -> tuple[tup
     ``where`` names the format (``"txn-delta sink"``) and ``option`` the option as the
     user spells it, so the error says exactly what to fix.
     """
-    from .storage import StorageOptions
+    from ..storage.options import StorageOptions
 
     return StorageOptions.parse(raw, where, option).items
 

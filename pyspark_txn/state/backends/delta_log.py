@@ -26,11 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _fs
-from .._delta import forget_table, open_table
-from ..errors import ConfigError
-from .events import Event, arrow_schema, events_to_arrow
-from .store import AppendRejected, EventLog
+from ...errors import ConfigError
+from ...storage import fs as _fs
+from ...storage.delta_tables import forget_table, open_table
+from ..events import Event, arrow_schema, events_to_arrow
+from ..store import AppendRejected, EventLog
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import json
 import uuid
 from typing import Any
 
-from . import _fs
-from .errors import ConfigError
+from ..errors import ConfigError
+from . import fs as _fs
 
 
 def read_query_id(checkpoint: str, fs_options=None) -> str | None:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from . import _fs
+from . import fs as _fs
 
 log = logging.getLogger(__name__)
 

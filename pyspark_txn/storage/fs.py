@@ -26,7 +26,7 @@ def normalize_uri(path: str) -> str:
     host = file_uri_host(path)
     if host is not None:
         if host and host.lower() != "localhost":
-            from .errors import ConfigError
+            from ..errors import ConfigError
 
             raise ConfigError(
                 f"{path!r}: a file:// URI of host {host!r}; only this machine's files can "
@@ -89,7 +89,7 @@ def filesystem(uri: str, storage: Any = None):
     """An fsspec filesystem for ``uri`` and the path inside it: ``storage`` is a
     :class:`pyspark_txn.storage.StorageOptions` (or a mapping of ``fs.*`` overrides);
     see that module for why no cached listing is ever used."""
-    from .storage import filesystem as _filesystem
+    from .options import filesystem as _filesystem
 
     return _filesystem(uri, storage)
 

@@ -29,8 +29,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from . import _fs
-from .errors import ConfigError
+from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -364,7 +363,7 @@ class StorageOptions:
         exists. Raises :class:`ConfigError` when the options cannot build a store."""
         import fsspec
 
-        if _fs.is_local(uri):
+        if "://" not in uri:  # a local path (fs.is_local; fs imports this module)
             return fsspec.core.url_to_fs(uri, **dict(self.fs_overrides))
         scheme = uri.split("://", 1)[0].lower()
         store = _SCHEME_STORE.get(scheme)

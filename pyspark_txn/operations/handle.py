@@ -1,0 +1,405 @@
+"""Finding a sink from outside Spark: :func:`open_sink` takes a checkpoint location or a
+record table and returns a :class:`SinkHandle` (record store, target, which kind). Every
+operation starts here; nothing needs a SparkSession."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+from .. import storage
+from ..errors import ConfigError
+from ..sinks.twophase import (
+    TargetTerms,
+)
+from ..spark.options import check_location
+from ..state import DeltaEventLog, EventKind, RecordStore, SinkState
+from ..state.events import arrow_schema as record_table_schema
+from ..storage import fs as _fs
+from ..storage.checkpoint import RECORDS_DIR, read_sink_file
+
+log = logging.getLogger(__name__)
+
+#: First event kinds of offset-log streams (acknowledging sources), not sinks.
+OFFSET_LOG_KINDS = frozenset({EventKind.CLAIM, EventKind.ACKED})
+CHUNK_BYTES = 1 << 20
+
+Progress = Callable[[int, int], None]
+
+
+# --- finding a sink -----------------------------------------------------------
+
+
+def _is_record_table(uri: str, storage_options: Mapping[str, str] | None) -> bool:
+    """Whether ``uri`` is a record table; a Delta table of another kind is an error."""
+    from deltalake import DeltaTable
+
+    options = dict(storage_options or {}) or storage.current().for_delta()
+    if not DeltaTable.is_deltatable(uri, options):
+        return False
+    names = set(DeltaTable(uri, storage_options=options).schema().to_arrow().names)
+    if not set(record_table_schema().names) <= names:
+        raise ConfigError(
+            f"{uri} is a Delta table but not a pyspark-txn record table (its columns are "
+            f"{sorted(names)}); give a checkpoint location or a record table"
+        )
+    return True
+
+
+def find_record_table(
+    location: str, storage_options: Mapping[str, str] | None = None
+) -> tuple[str, str | None]:
+    """``(record table URI, checkpoint URI or None)`` for a checkpoint or record table.
+
+    A checkpoint's record table is ``<checkpoint>/pyspark_txn/records``, or the one
+    its ``sink.json`` names (option ``recordTable``). The checkpoint's own comes
+    first: a copied checkpoint must never act on the original's history. A
+    record table given directly at the default place also yields its checkpoint.
+    """
+    if not location.strip():
+        raise ConfigError("the location is empty: give a checkpoint location or a record table")
+    check_location("location", location)
+    uri = _fs.normalize_uri(location)
+    candidate = _fs.join(uri, *RECORDS_DIR)
+    if _is_record_table(candidate, storage_options):
+        return candidate, uri
+    kept = _kept_record_table(uri)
+    if kept is not None and _is_record_table(kept, storage_options):
+        return kept, uri  # a checkpoint whose sink keeps its records elsewhere
+    if _is_record_table(uri, storage_options):
+        suffix = "/" + "/".join(RECORDS_DIR)
+        return uri, (uri[: -len(suffix)] if uri.endswith(suffix) else None)
+    try:
+        kept_file = read_sink_file(uri)
+    except (OSError, ValueError):
+        kept_file = None
+    if kept_file is not None and kept_file.get("mode") == "light":
+        raise ConfigError(
+            f"the sink of checkpoint {location} runs with mode=light: it keeps no record "
+            "table, so there is nothing to inspect here; its Delta table's history "
+            "(commitInfo pyspark_txn.*) shows what it committed (docs/modes.md)"
+        )
+    if kept_file is not None:
+        raise ConfigError(
+            f"no record table at {candidate} yet: the sink of checkpoint {location} has not "
+            "committed a batch"
+        )
+    raise ConfigError(
+        f"no record table at {location} (looked for a checkpoint's {candidate} and for a "
+        "Delta table at the location itself)"
+    )
+
+
+def _kept_record_table(location: str) -> str | None:
+    try:
+        kept = read_sink_file(location)
+    except (OSError, ValueError):
+        return None
+    return None if kept is None else kept.get("record_table")
+
+
+def sink_streams(store: RecordStore) -> list[str]:
+    """The sink streams of a record table (offset-log streams of sources are skipped)."""
+    out = []
+    for stream in store.log.streams():
+        events = store.events(stream)
+        if events and events[0].kind not in OFFSET_LOG_KINDS:
+            out.append(stream)
+    return out
+
+
+def kept_sink_id(checkpoint: str) -> str | None:
+    """The sink id kept in ``<checkpoint>/pyspark_txn/sink.json``; None if there is none.
+
+    Read only: unlike the sink's first use, this never writes the file.
+    """
+    kept = read_sink_file(checkpoint)
+    return None if kept is None else kept["sink_id"]
+
+
+#: Target kinds (``TargetTerms.kind``) the tools know.
+DELTA, POSTGRES = "delta", "postgres"
+
+
+def target_kind(meta: Mapping[str, Any]) -> str | None:
+    """Which target a record's (or ``sink.json``'s) target description names; None if
+    it names none."""
+    kind = meta.get("kind")
+    if kind:
+        return str(kind)
+    if meta.get("uri"):
+        return DELTA
+    if meta.get("table"):  # txn-postgres records from before the kind was kept
+        return POSTGRES
+    return None
+
+
+def target_terms(kind: str | None) -> TargetTerms:
+    """How messages name the things of a target kind (Delta's when it is unknown)."""
+    if kind == POSTGRES:
+        from ..sinks.postgres_target import PostgresTarget
+
+        return PostgresTarget.terms
+    from ..sinks.delta_target import DeltaTarget
+
+    return DeltaTarget.terms
+
+
+@dataclass(frozen=True)
+class SinkHandle:
+    """Where one sink's history and data live. Build it with :func:`open_sink`.
+
+    ``kind`` is the target the sink's records name (``delta`` or ``postgres``; None
+    before any does). A Delta target is ``target_uri``; a PostgreSQL one is
+    ``target_meta`` (schema, table) in the database ``url`` (never with a password:
+    libpq takes it from ``PGPASSWORD`` / ``~/.pgpass``, or ``password_file``).
+    """
+
+    record_table: str
+    sink_id: str
+    target_uri: str | None  # Delta; None: not a Delta target, or unknown yet
+    storage_options: Mapping[str, str] = field(default_factory=dict, hash=False)
+    fs_overrides: tuple[tuple[str, Any], ...] = field(default=(), hash=False)
+    partition_by: tuple[str, ...] = ()
+    checkpoint: str | None = None
+    kind: str | None = None
+    target_meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    url: str | None = field(default=None, repr=False)
+    password_file: str | None = None
+
+    @property
+    def storage(self) -> storage.StorageOptions:
+        """The sink's storage configuration (``storage_options`` and ``fs.*`` overrides)."""
+        return storage.StorageOptions(
+            items=tuple(sorted(self.storage_options.items())), fs_overrides=self.fs_overrides
+        )
+
+    @property
+    def has_target(self) -> bool:
+        """Whether the handle knows where the sink writes."""
+        return self.kind == POSTGRES or self.target_uri is not None
+
+    @property
+    def terms(self) -> TargetTerms:
+        return target_terms(self.kind)
+
+    @property
+    def target_label(self) -> str | None:
+        """The target as messages name it (never with a password); None if unknown."""
+        if self.kind != POSTGRES:
+            return self.target_uri
+        from ..sinks.postgres_db import redact
+
+        schema, table = self._pg_table()
+        where = redact(self.url) if self.url else "a database its records do not name"
+        return f"PostgreSQL table {schema}.{table} at {where}"
+
+    def _pg_table(self) -> tuple[str, str]:
+        meta = self.target_meta
+        if meta.get("schema") and meta.get("name"):
+            return str(meta["schema"]), str(meta["name"])
+        schema, _, table = str(meta.get("table", "")).partition(".")  # older records
+        return schema, table
+
+    def require_delta(self, command: str) -> None:
+        """Refuse ``command`` (which reads a Delta table's files) for another target."""
+        if self.kind not in (None, DELTA):
+            raise ConfigError(
+                f"pyspark-txn {command}: sink {self.sink_id!r} writes to {self.target_label}; "
+                f"{command} works on txn-delta sinks only (it copies or reads a Delta "
+                "table's files), so it is not available for this sink"
+            )
+
+    def record_store(self) -> RecordStore:
+        return RecordStore(DeltaEventLog(self.record_table, dict(self.storage_options)))
+
+    def target(self) -> Any:
+        """The sink's phase-2 :class:`~pyspark_txn.sinks.twophase.Target` (close it after
+        use: a PostgreSQL one holds a connection)."""
+        if self.kind == POSTGRES:
+            return self._postgres_target()
+        from ..sinks.delta_target import DeltaTarget
+
+        if self.target_uri is None:
+            raise ConfigError(
+                f"sink {self.sink_id!r} has no snapshot record yet, so its target table is "
+                "unknown; pass target_uri to open_sink"
+            )
+        return DeltaTarget(
+            self.target_uri,
+            self.sink_id,
+            partition_by=self.partition_by,
+            storage=self.storage,
+        )
+
+    def _postgres_target(self) -> Any:
+        from ..sinks.postgres_db import Connector
+        from ..sinks.postgres_target import PostgresTarget
+
+        schema, table = self._pg_table()
+        if not self.url:
+            raise ConfigError(
+                f"sink {self.sink_id!r} writes to {self.target_label} (its records, written "
+                "by an older pyspark-txn, do not name the database): pass --url "
+                "postgresql://user@host:5432/db (open_sink(url=...))"
+            )
+        return PostgresTarget(Connector(self.url, self.password_file), schema, table, self.sink_id)
+
+    def committer(self) -> Any:
+        """A :class:`~pyspark_txn.sinks.twophase.TwoPhaseCommitter` for this sink."""
+        from ..sinks.twophase import TwoPhaseCommitter
+
+        return TwoPhaseCommitter(self.record_store(), self.target(), self.sink_id)
+
+    def load(self) -> SinkState:
+        """The sink's state: a fold over its events (every invariant checked)."""
+        return self.record_store().load_sink(self.sink_id)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _in_handle_storage(func: F) -> F:
+    """Run ``func(handle, ...)`` with the handle's storage options in effect, so every
+    nested read (folder sizes, staged files, checkpoints) reaches the store with them,
+    not with whatever configuration the caller had (a trial found ``sink_status``
+    reading the record table's folder with the ambient one)."""
+
+    @functools.wraps(func)
+    def wrapper(handle: SinkHandle, *args: Any, **kwargs: Any) -> Any:
+        with storage.using(handle.storage):
+            return func(handle, *args, **kwargs)
+
+    return cast(F, wrapper)
+
+
+def open_sink(
+    location: str,
+    sink_id: str | None = None,
+    storage_options: storage.StorageOptions | Mapping[str, Any] | str | None = None,
+    *,
+    target_uri: str | None = None,
+    url: str | None = None,
+    password_file: str | None = None,
+) -> SinkHandle:
+    """Find one sink from a checkpoint location or a record table URI.
+
+    The sink id is, in order: ``sink_id``; the one kept in the checkpoint's
+    ``pyspark_txn/sink.json``; the record table's only sink stream. Several
+    sinks and no id is a :class:`ConfigError` naming them. The target is the one
+    the sink's last snapshot record names (before any: the checkpoint's
+    ``sink.json``, for targets other than Delta). ``target_uri`` overrides a Delta
+    table; ``url`` the database of a PostgreSQL one, whose password comes from
+    ``password_file``, the URL, or libpq (``PGPASSWORD``, ``~/.pgpass``).
+    ``storage_options``: the object-store keys of ``storageOptions`` (JSON text, a
+    mapping or :class:`~pyspark_txn.storage.StorageOptions`; default: the ones in effect,
+    e.g. the CLI's ``--storage-options``), for the record table, target and checkpoint.
+    """
+    parsed = (
+        storage.current()
+        if storage_options is None
+        else storage.StorageOptions.coerce(storage_options)
+    )
+    with storage.using(parsed):
+        return _open_sink(location, sink_id, parsed, target_uri, url, password_file)
+
+
+def _open_sink(
+    location: str,
+    sink_id: str | None,
+    parsed: storage.StorageOptions,
+    target_uri: str | None,
+    url: str | None,
+    password_file: str | None,
+) -> SinkHandle:
+    options = dict(parsed.items)
+    record_table, checkpoint = find_record_table(location, options)
+    store = RecordStore(DeltaEventLog(record_table, options))
+    sinks = sink_streams(store)
+    chosen = sink_id or (kept_sink_id(checkpoint) if checkpoint else None)
+    if chosen is None:
+        if not sinks:
+            raise ConfigError(f"the record table {record_table} holds no sink yet")
+        if len(sinks) > 1:
+            raise ConfigError(
+                f"the record table {record_table} holds several sinks: {', '.join(sinks)}; "
+                "choose one (--sink ID)"
+            )
+        chosen = sinks[0]
+    elif chosen not in sinks:
+        raise ConfigError(
+            f"the record table {record_table} has no sink {chosen!r}; its sinks: "
+            f"{', '.join(sinks) or 'none'}"
+        )
+    meta = recorded_target(store, chosen)
+    if target_kind(meta) is None and checkpoint is not None:
+        kept = read_sink_file(checkpoint) or {}
+        if kept.get("sink_id") == chosen:
+            meta = kept.get("target") or meta
+    kind = target_kind(meta) or (DELTA if target_uri else None)
+    if kind == POSTGRES and target_uri:
+        raise ConfigError(
+            f"sink {chosen!r} writes to PostgreSQL, not to a Delta table: target_uri does "
+            "not apply (give the database with url / --url)"
+        )
+    if kind != POSTGRES and (url or password_file):
+        raise ConfigError(
+            f"--url and --password-file apply to txn-postgres sinks; sink {chosen!r} "
+            + ("writes to a Delta table" if kind == DELTA else "has no record naming its target")
+        )
+    uri = (target_uri or meta.get("uri")) if kind != POSTGRES else None
+    return SinkHandle(
+        record_table=record_table,
+        sink_id=chosen,
+        target_uri=_fs.normalize_uri(uri) if uri else None,
+        storage_options=options,
+        fs_overrides=parsed.fs_overrides,
+        partition_by=tuple(meta.get("partition_by") or ()),
+        checkpoint=checkpoint,
+        kind=kind,
+        target_meta=dict(meta) if kind == POSTGRES else {},
+        url=(url or meta.get("url")) if kind == POSTGRES else None,
+        password_file=password_file,
+    )
+
+
+def recorded_target(
+    store: RecordStore, sink_id: str, state: SinkState | None = None
+) -> Mapping[str, Any]:
+    """What the sink's last snapshot record says about its target (``{}``: none does)."""
+    for event in reversed(store.events(sink_id)):  # abandoned records still name the target
+        if event.kind is EventKind.SNAPSHOT:
+            return event.payload.get("target") or {}
+    # the history starts at a summary: its records name the target
+    last = (state or store.load_sink(sink_id)).last_record
+    return last.target if last is not None else {}
+
+
+def describe_target(meta: Mapping[str, Any]) -> str:
+    """A record's target description as a line (never a password)."""
+    kind = target_kind(meta)
+    if kind == POSTGRES:
+        from ..sinks.postgres_db import redact
+
+        url = meta.get("url")
+        return f"PostgreSQL table {meta.get('table')}" + (f" at {redact(url)}" if url else "")
+    if kind == DELTA:
+        return f"Delta table {meta.get('uri')}"
+    return f"{kind}" if kind else "not named by any record yet"
+
+
+@contextmanager
+def opened_target(handle: SinkHandle) -> Iterator[Any]:
+    """The handle's target, closed afterwards; None when the target is not known yet."""
+    if not handle.has_target:
+        yield None
+        return
+    target = handle.target()
+    try:
+        yield target
+    finally:
+        target.close()
