@@ -23,7 +23,9 @@ import difflib
 import functools
 import json
 import logging
+import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -376,6 +378,23 @@ class StorageOptions:
         return _obstore_fs(uri, scheme, *self._obstore_config(store))
 
 
+def object_store_fs(uri: str, delta_options: Mapping[str, str] | None) -> tuple[Any, str] | None:
+    """obstore's filesystem for a remote ``uri`` configured from delta-rs' storage
+    options (the same client the staging IO uses), or None where there is none (local
+    paths, stores obstore lacks, obstore not installed): callers then use delta-rs."""
+    if _fs.is_local(uri) or not _has_obstore():
+        return None
+    scheme = uri.split("://", 1)[0].lower()
+    store = _SCHEME_STORE.get(scheme)
+    if store is None:
+        return None
+    try:
+        options = StorageOptions.parse(dict(delta_options or {}))
+    except ConfigError:  # keys only delta-rs knows: let it do the IO
+        return None
+    return _obstore_fs(uri, scheme, *options._obstore_config(store))
+
+
 def _has_obstore() -> bool:
     try:
         import obstore.fsspec  # noqa: F401
@@ -385,15 +404,44 @@ def _has_obstore() -> bool:
     return True
 
 
+# Per process: one obstore fsspec filesystem (and one client per bucket inside it) per
+# protocol and configuration. obstore builds a new HTTP client for every call otherwise
+# (no connection reuse). Safe to share: it keeps no listing cache (below), and pids key
+# it so a forked child never uses its parent's client.
+_OBSTORE_FS: dict[tuple, Any] = {}
+_OBSTORE_FS_LOCK = threading.Lock()
+
+
 def _obstore_fs(
     uri: str, scheme: str, config: dict[str, Any], client: dict[str, Any]
 ) -> tuple[Any, str]:
-    from obstore.fsspec import FsspecStore
-
     protocol = {"s3a": "s3", "gcs": "gs"}.get(scheme, scheme)
     rest = uri.split("://", 1)[1]
     bucket = rest.split("/", 1)[0]
     root = rest.rstrip("/")
+    key = (
+        os.getpid(),
+        protocol,
+        bucket,
+        json.dumps(config, sort_keys=True, default=str),
+        json.dumps(client, sort_keys=True, default=str),
+    )
+    with _OBSTORE_FS_LOCK:
+        fs = _OBSTORE_FS.get(key)
+    if fs is None:
+        fs = _new_obstore_fs(uri, protocol, bucket, config, client)
+        with _OBSTORE_FS_LOCK:
+            if len(_OBSTORE_FS) > 64:
+                _OBSTORE_FS.clear()
+            fs = _OBSTORE_FS.setdefault(key, fs)
+    return fs, root
+
+
+def _new_obstore_fs(
+    uri: str, protocol: str, bucket: str, config: dict[str, Any], client: dict[str, Any]
+) -> Any:
+    from obstore.fsspec import FsspecStore
+
     try:
         fs = cast(Any, FsspecStore)(
             protocol,
@@ -406,14 +454,16 @@ def _obstore_fs(
         from fsspec.dircache import DirCache
 
         fs.dircache = DirCache(use_listings_cache=False)
-        fs._construct_store(bucket)  # build it now: bad options fail here, not mid-batch
+        # one client per bucket, built now: bad options fail here, not mid-batch
+        fs._construct_store = functools.lru_cache(maxsize=16)(fs._construct_store)
+        fs._construct_store(bucket)
     except BaseException as e:  # obstore's pyo3 PanicException is a BaseException
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
         raise ConfigError(
             f"storage options for {uri}: the object store client refused them: {e}"
         ) from None
-    return fs, root
+    return fs
 
 
 # The storage configuration of the operation in progress: the CLI's --storage-options
