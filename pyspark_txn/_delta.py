@@ -84,6 +84,10 @@ def _commit_file_marker(
     return (version, int(info.size), int(info.mtime_ns or 0))
 
 
+def _has_commit(uri: str, version: int) -> bool:
+    return os.path.exists(os.path.join(uri, "_delta_log", f"{version:020d}.json"))
+
+
 def _store(uri: str, options: Mapping[str, str] | None):
     """delta-rs's object store for the table root, kept per thread (it holds a client)."""
     from deltalake.fs import DeltaStorageHandler
@@ -118,6 +122,14 @@ def open_table(
         if marker is not None and _commit_file_marker(uri, marker[0], options) == marker:
             if not refresh and time.monotonic() - read_at < STALE_OK_S:
                 cache[key] = entry
+                return cached
+            if _fs.is_local(uri) and not _has_commit(uri, max(marker[0], cached.version()) + 1):
+                # Nothing new: on a local disk delta-rs' catch-up lists the whole
+                # _delta_log folder (every commit the log retention keeps: the cost
+                # grew with the number of batches). Commits are numbered without
+                # gaps and cleaned up oldest first: no next file, no newer commit.
+                # (The table may be ahead of its marker: our own commits move it.)
+                cache[key] = (cached, marker, time.monotonic())
                 return cached
             try:
                 cached.update_incremental()
