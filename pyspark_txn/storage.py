@@ -23,9 +23,7 @@ import difflib
 import functools
 import json
 import logging
-import os
 import re
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -404,37 +402,16 @@ def _has_obstore() -> bool:
     return True
 
 
-# Per process: one obstore fsspec filesystem (and one client per bucket inside it) per
-# protocol and configuration. obstore builds a new HTTP client for every call otherwise
-# (no connection reuse). Safe to share: it keeps no listing cache (below), and pids key
-# it so a forked child never uses its parent's client.
-_OBSTORE_FS: dict[tuple, Any] = {}
-_OBSTORE_FS_LOCK = threading.Lock()
-
-
 def _obstore_fs(
     uri: str, scheme: str, config: dict[str, Any], client: dict[str, Any]
 ) -> tuple[Any, str]:
     protocol = {"s3a": "s3", "gcs": "gs"}.get(scheme, scheme)
     rest = uri.split("://", 1)[1]
     bucket = rest.split("/", 1)[0]
-    root = rest.rstrip("/")
-    key = (
-        os.getpid(),
-        protocol,
-        bucket,
-        json.dumps(config, sort_keys=True, default=str),
-        json.dumps(client, sort_keys=True, default=str),
-    )
-    with _OBSTORE_FS_LOCK:
-        fs = _OBSTORE_FS.get(key)
-    if fs is None:
-        fs = _new_obstore_fs(uri, protocol, bucket, config, client)
-        with _OBSTORE_FS_LOCK:
-            if len(_OBSTORE_FS) > 64:
-                _OBSTORE_FS.clear()
-            fs = _OBSTORE_FS.setdefault(key, fs)
-    return fs, root
+    # A new client per call: one kept per process was freed at interpreter exit and
+    # aborted short-lived processes (the CLI: "terminate called without an active
+    # exception").
+    return _new_obstore_fs(uri, protocol, bucket, config, client), rest.rstrip("/")
 
 
 def _new_obstore_fs(
@@ -454,9 +431,7 @@ def _new_obstore_fs(
         from fsspec.dircache import DirCache
 
         fs.dircache = DirCache(use_listings_cache=False)
-        # one client per bucket, built now: bad options fail here, not mid-batch
-        fs._construct_store = functools.lru_cache(maxsize=16)(fs._construct_store)
-        fs._construct_store(bucket)
+        fs._construct_store(bucket)  # build it now: bad options fail here, not mid-batch
     except BaseException as e:  # obstore's pyo3 PanicException is a BaseException
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
