@@ -110,7 +110,9 @@ def main() -> None:
                 flush=True,
             )
     if profiler:
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(
+            int(os.environ.get("PROFILE_LINES", "40"))
+        )
 
 
 if __name__ == "__main__":

@@ -129,6 +129,9 @@ class DeltaTarget(Target):
         self.storage = storage or StorageOptions.of(storage_options, fs_options)
         self.storage_options = self.storage.for_delta()
         self.fs, self.root = _fs.filesystem(uri, self.storage)
+        # (snapshot id, token, files) of the last verify_staged that passed: phase 2
+        # right after it need not read the files again
+        self._verified: tuple[int, str, tuple] | None = None
 
     # --- reading --------------------------------------------------------------
 
@@ -155,12 +158,14 @@ class DeltaTarget(Target):
 
     def check_stream_schema(self, stream_schema, merge_schema: bool) -> None:
         """Refuse schema drift and partitioning changes before anything is staged."""
-        if self.fs.isfile(self.root):
-            raise ConfigError(
-                f"option path={self.uri!r} is a file, not a directory: the target must be a "
-                "Delta table or a new (or empty) directory"
-            )
+        # On an object store "is it a file" costs a HEAD and a LIST of the table root
+        # (every data file at the root): asked only where no table opens there.
+        local = _fs.is_local(self.uri)
+        if local:
+            self._refuse_file_root()
         dt = self.open(refresh=False)
+        if dt is None and not local:
+            self._refuse_file_root()
         config = self.table_properties if dt is None else dt.metadata().configuration or {}
         if str(config.get("delta.enableChangeDataFeed", "")).lower() == "true":
             reserved = sorted(set(stream_schema.names) & CDF_COLUMNS)
@@ -191,6 +196,13 @@ class DeltaTarget(Target):
         if len(_SCHEMA_CHECKS) > 64:
             _SCHEMA_CHECKS.clear()
         _SCHEMA_CHECKS.add(passed)
+
+    def _refuse_file_root(self) -> None:
+        if self.fs.isfile(self.root):
+            raise ConfigError(
+                f"option path={self.uri!r} is a file, not a directory: the target must be a "
+                "Delta table or a new (or empty) directory"
+            )
 
     def _check_table_against(self, dt, stream_schema, merge_schema: bool) -> None:
         check_table_features(dt, self.uri)
@@ -290,12 +302,16 @@ class DeltaTarget(Target):
     def _markers(self, snapshot_id: int, token: str) -> dict[str, int]:
         """Everything in an attempt's staging folder: marker path -> size (relative)."""
         base = self._abs(snapshot_dir(self.sink_id, snapshot_id, token))
-        if not self.fs.exists(base):
+        # find() alone: an "exists" first costs a HEAD and a LIST more on object stores
+        try:
+            found = self.fs.find(base, detail=True)
+        except FileNotFoundError:
             return {}
         prefix = self.root.rstrip("/") + "/"
         return {
             (path[len(prefix) :] if path.startswith(prefix) else path): info["size"]
-            for path, info in self.fs.find(base, detail=True).items()
+            for path, info in found.items()
+            if info.get("type", "file") == "file"
         }
 
     def _attempt_files(
@@ -363,7 +379,8 @@ class DeltaTarget(Target):
                 )
                 continue
             try:
-                with self.fs.open(self._abs(t.handle), "rb") as f:
+                # the size is known: opening does not ask the store for it again
+                with self.fs.open(self._abs(t.handle), "rb", size=size) as f:
                     rows = pq.ParquetFile(f).metadata.num_rows
             except Exception as e:
                 bad.append(f"{t.handle} (unreadable parquet footer: {e})")
@@ -382,6 +399,7 @@ class DeltaTarget(Target):
                 )
                 + ", ".join(bad)
             )
+        self._verified = (snapshot_id, token, _txn_key(txns))
 
     def discard(self, snapshot_id: int, token: str, keep: Iterable[str] = ()) -> None:
         keep = set(keep)
@@ -499,7 +517,11 @@ class DeltaTarget(Target):
                 return self._own_commit(dt, record, done)
             if not record.txns:  # an empty batch: no empty Delta commit
                 return None
-        self.verify_staged(record.snapshot_id, record.token, record.txns)
+        verified, self._verified = self._verified, None
+        if verified != (record.snapshot_id, record.token, _txn_key(record.txns)):
+            # Not what this target verified last, moments ago before the record (the
+            # steady path's commit): recovery, a replay, a retried phase 2.
+            self.verify_staged(record.snapshot_id, record.token, record.txns)
         dt = self._write_commit(
             dt,
             record.batch_id,
@@ -743,6 +765,10 @@ def _nullable_type(t):
     if pa.types.is_map(t):
         return pa.map_(t.key_type, _nullable_field(t.item_field))
     return t
+
+
+def _txn_key(txns: Sequence[TxnHandle]) -> tuple:
+    return tuple(sorted((t.handle, t.bytes, t.rows) for t in txns))
 
 
 def add_actions(txns: Sequence[TxnHandle]) -> list:

@@ -14,7 +14,8 @@ Safety rules:
   created again has a different or missing file there, so it is reopened
   from scratch: catching up across a re-creation would mix two tables.
 - On object stores that check is one HEAD of that commit file (through
-  delta-rs's own object store, so the same options and credentials). Opening
+  obstore, configured from the same delta-rs options: the same credentials;
+  delta-rs's own file info would cost a LIST and a HEAD), its size and ETag. Opening
   from scratch there costs a ``_last_checkpoint`` GET, a LIST and a GET of
   every commit since the checkpoint (and of the checkpoint itself); catching
   up costs the HEAD, a LIST and the new commits only (measured against moto:
@@ -52,6 +53,25 @@ def _commit_file_marker(
         except OSError:
             return None
         return (version, st.st_size, st.st_mtime_ns)
+    from .options import object_store_fs
+
+    found = object_store_fs(uri, options)
+    if found is not None:  # one HEAD (delta-rs' file info costs a LIST and a HEAD)
+        fs, root = found
+        try:
+            head = fs.info(f"{root}/_delta_log/{name}")
+        except FileNotFoundError:
+            return None
+        except Exception:  # unreachable, denied...: do not trust the cache; reopening says why
+            log.debug("HEAD of %s/_delta_log/%s failed", uri, name, exc_info=True)
+            return None
+        if head.get("type") != "file":
+            return None
+        return (
+            version,
+            int(head["size"]),
+            hash(str(head.get("e_tag") or head.get("last_modified"))),
+        )
     import pyarrow.fs as pa_fs
 
     try:
@@ -62,6 +82,10 @@ def _commit_file_marker(
     if info.type != pa_fs.FileType.File or info.size is None:
         return None
     return (version, int(info.size), int(info.mtime_ns or 0))
+
+
+def _has_commit(uri: str, version: int) -> bool:
+    return os.path.exists(os.path.join(uri, "_delta_log", f"{version:020d}.json"))
 
 
 def _store(uri: str, options: Mapping[str, str] | None):
@@ -98,6 +122,14 @@ def open_table(
         if marker is not None and _commit_file_marker(uri, marker[0], options) == marker:
             if not refresh and time.monotonic() - read_at < STALE_OK_S:
                 cache[key] = entry
+                return cached
+            if _fs.is_local(uri) and not _has_commit(uri, max(marker[0], cached.version()) + 1):
+                # Nothing new: on a local disk delta-rs' catch-up lists the whole
+                # _delta_log folder (every commit the log retention keeps: the cost
+                # grew with the number of batches). Commits are numbered without
+                # gaps and cleaned up oldest first: no next file, no newer commit.
+                # (The table may be ahead of its marker: our own commits move it.)
+                cache[key] = (cached, marker, time.monotonic())
                 return cached
             try:
                 cached.update_incremental()

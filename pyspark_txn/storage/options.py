@@ -375,6 +375,23 @@ class StorageOptions:
         return _obstore_fs(uri, scheme, *self._obstore_config(store))
 
 
+def object_store_fs(uri: str, delta_options: Mapping[str, str] | None) -> tuple[Any, str] | None:
+    """obstore's filesystem for a remote ``uri`` configured from delta-rs' storage
+    options (the same client the staging IO uses), or None where there is none (local
+    paths, stores obstore lacks, obstore not installed): callers then use delta-rs."""
+    if "://" not in uri or not _has_obstore():
+        return None
+    scheme = uri.split("://", 1)[0].lower()
+    store = _SCHEME_STORE.get(scheme)
+    if store is None:
+        return None
+    try:
+        options = StorageOptions.parse(dict(delta_options or {}))
+    except ConfigError:  # keys only delta-rs knows: let it do the IO
+        return None
+    return _obstore_fs(uri, scheme, *options._obstore_config(store))
+
+
 def _has_obstore() -> bool:
     try:
         import obstore.fsspec  # noqa: F401
@@ -387,12 +404,20 @@ def _has_obstore() -> bool:
 def _obstore_fs(
     uri: str, scheme: str, config: dict[str, Any], client: dict[str, Any]
 ) -> tuple[Any, str]:
-    from obstore.fsspec import FsspecStore
-
     protocol = {"s3a": "s3", "gcs": "gs"}.get(scheme, scheme)
     rest = uri.split("://", 1)[1]
     bucket = rest.split("/", 1)[0]
-    root = rest.rstrip("/")
+    # A new client per call: one kept per process was freed at interpreter exit and
+    # aborted short-lived processes (the CLI: "terminate called without an active
+    # exception").
+    return _new_obstore_fs(uri, protocol, bucket, config, client), rest.rstrip("/")
+
+
+def _new_obstore_fs(
+    uri: str, protocol: str, bucket: str, config: dict[str, Any], client: dict[str, Any]
+) -> Any:
+    from obstore.fsspec import FsspecStore
+
     try:
         fs = cast(Any, FsspecStore)(
             protocol,
@@ -412,7 +437,7 @@ def _obstore_fs(
         raise ConfigError(
             f"storage options for {uri}: the object store client refused them: {e}"
         ) from None
-    return fs, root
+    return fs
 
 
 # The storage configuration of the operation in progress: the CLI's --storage-options

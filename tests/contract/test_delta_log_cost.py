@@ -169,6 +169,25 @@ def s3():
     server.stop()
 
 
+def test_a_local_table_is_caught_up_only_when_it_has_a_new_commit(tmp_path):
+    """On a local disk a cached table is not caught up (delta-rs would list the whole
+    _delta_log folder) unless the next commit file exists; then it is."""
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    first = open_table(uri)
+    assert open_table(uri) is first and first.version() == 0
+    write_deltalake(uri, pa.table({"a": [2]}), mode="append")
+    write_deltalake(uri, pa.table({"a": [3]}), mode="append")
+    again = open_table(uri)
+    assert again is first and again.version() == 2
+    assert sorted(pa.table(again.to_pyarrow_table())["a"].to_pylist()) == [1, 2, 3]
+    shutil.rmtree(uri)  # re-created with as many commits: not mixed with the cached one
+    for i in range(3):
+        write_deltalake(uri, pa.table({"b": [f"x{i}"]}), mode="append")
+    dt = open_table(uri)
+    assert pa.schema(dt.schema().to_arrow()).names == ["b"] and dt.version() == 2
+
+
 def test_a_remote_table_is_cached_and_caught_up(s3):
     options, _ = s3
     uri = "s3://cost/cached"

@@ -29,6 +29,7 @@ from typing import Any
 from ...errors import ConfigError
 from ...storage import fs as _fs
 from ...storage.delta_tables import forget_table, open_table
+from ...storage.options import object_store_fs
 from ..events import Event, arrow_schema, events_to_arrow
 from ..store import AppendRejected, EventLog
 
@@ -48,6 +49,20 @@ class _TableCache:
     filesystem: Any = None
     events: dict[str, list[Event]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # the data files of the last table object and version listed (listing them costs
+    # ms: an append and the next read share one listing)
+    listed: tuple[Any, int, list[str]] | None = None
+
+    def files(self, dt) -> list[str]:
+        """The paths of ``dt``'s data files (relative, as the log has them)."""
+        import pyarrow as pa
+
+        version = dt.version()
+        if self.listed is not None and self.listed[0] is dt and self.listed[1] == version:
+            return self.listed[2]
+        paths = pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()
+        self.listed = (dt, version, paths)
+        return paths
 
 
 _CACHES: dict[str, _TableCache] = {}
@@ -185,10 +200,12 @@ class DeltaEventLog(EventLog):
             raise AppendRejected(
                 f"{event.stream}#{event.seq} cannot land: the next free seq is {expected}"
             )
+        rows = events_to_arrow([event])
+        before = dt.version()
         try:
             write_deltalake(
                 dt,
-                events_to_arrow([event]),
+                rows,
                 mode="append",
                 commit_properties=CommitProperties(
                     app_transactions=[Transaction(app_id=event.stream, version=event.seq)],
@@ -198,6 +215,7 @@ class DeltaEventLog(EventLog):
             )
         except CommitFailedError as e:
             raise AppendRejected(str(e)) from e
+        self._remember_own(dt, before, rows)
         if _fs.is_local(self.uri):
             checkpoint = _last_checkpoint_version(self.uri)
             if checkpoint is not None and checkpoint >= dt.version():
@@ -207,6 +225,20 @@ class DeltaEventLog(EventLog):
                     f"the last checkpoint {checkpoint}"
                 )
         self._maintain(dt)
+
+    def _remember_own(self, dt, before: int, rows) -> None:
+        """Cache the events of the file this append just wrote, so this process does not
+        read its own write back (on an object store: a GET per append saved). Only when
+        the table moved by exactly our one commit and every other file of it is cached
+        (the table this append was built on is the one the last read listed): then the
+        one file the cache lacks is ours."""
+        if dt.version() != before + 1:
+            return
+        cache = self._cache()
+        with cache.lock:
+            new = [f for f in cache.files(dt) if f not in cache.events]
+            if len(new) == 1:
+                cache.events[new[0]] = [Event.from_row(r) for r in rows.to_pylist()]
 
     def _maintain(self, dt) -> None:
         version = dt.version()
@@ -272,13 +304,21 @@ class DeltaEventLog(EventLog):
             return []
         cache = self._cache()
         with cache.lock:
-            files = pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()
+            files = cache.files(dt)
             new = [f for f in files if f not in cache.events]
-            if new and cache.filesystem is None and not _fs.is_local(self.uri):
-                # delta-rs' object store for this root as a pyarrow filesystem: any URI it supports
-                cache.filesystem = dt.to_pyarrow_dataset().filesystem
+            remote = None
+            if new and not _fs.is_local(self.uri):
+                # one GET per file through obstore (delta-rs' pyarrow filesystem costs a
+                # LIST, three HEADs and two GETs); else delta-rs' store: any URI it supports
+                remote = object_store_fs(self.uri, self.storage_options)
+                if remote is None and cache.filesystem is None:
+                    cache.filesystem = dt.to_pyarrow_dataset().filesystem
             for f in new:
-                if cache.filesystem is None:  # local: pyarrow's own reader is 3x faster
+                if remote is not None:
+                    fs, root = remote
+                    data = fs.cat_file(f"{root}/{f}")
+                    table = pq.read_table(pa.BufferReader(data))
+                elif cache.filesystem is None:  # local: pyarrow's own reader is 3x faster
                     table = pq.ParquetFile(_fs.join(self.uri, f)).read()
                 else:
                     table = pq.read_table(f, filesystem=cache.filesystem)
