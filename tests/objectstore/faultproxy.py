@@ -30,6 +30,7 @@ class FaultProxy:
         self.delay_rate = 0.0  # forward, then hold the response for delay_s
         self.delay_s = 0.0
         self.outage_until = 0.0  # monotonic time: before it, connections are reset
+        self.outage_after: tuple[int, float] | None = None  # (requests, seconds), see below
         self.counts: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         proxy = self
@@ -61,9 +62,16 @@ class FaultProxy:
         """No more faults (counts are kept)."""
         self.error_rate = self.drop_rate = self.delay_rate = 0.0
         self.outage_until = 0.0
+        self.outage_after = None
 
     def outage(self, seconds: float) -> None:
         self.outage_until = time.monotonic() + seconds
+
+    def outage_at(self, requests: int, seconds: float) -> None:
+        """An outage of ``seconds`` that starts when ``requests`` more requests have come:
+        mid-run by the work done, not by a clock that a slow or fast run outlives."""
+        with self.lock:
+            self.outage_after = (sum(self.counts.values()) + requests, seconds)
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -90,6 +98,9 @@ class FaultProxy:
         body = h.rfile.read(length) if length else b""
         with self.lock:
             self.counts[method] += 1
+            if self.outage_after and sum(self.counts.values()) >= self.outage_after[0]:
+                self.outage_until = time.monotonic() + self.outage_after[1]
+                self.outage_after = None
         if time.monotonic() < self.outage_until:
             self.faults["outage"] += 1
             self._reset(h)

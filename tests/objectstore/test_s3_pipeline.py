@@ -311,13 +311,11 @@ def test_outage_and_slow_responses_on_s3_are_exactly_once(spark, tmp_path, s3):
     object_store gives up on refused connections after ~2 s of retries, so the query
     may fail during the outage; restarted (as a user or a job scheduler would), it
     ends exactly once."""
-    import threading
     import time
 
     s3.proxy.delay_rate = 0.001
     s3.proxy.delay_s = 35.0
-    timer = threading.Timer(15.0, s3.proxy.outage, args=(30.0,))
-    timer.start()
+    s3.proxy.outage_at(requests=200, seconds=30.0)  # a 100-row batch costs ~100 requests
     try:
         p = S3Pipeline(spark, tmp_path, s3, total=500, per_batch=100)
         failures = []
@@ -329,7 +327,6 @@ def test_outage_and_slow_responses_on_s3_are_exactly_once(spark, tmp_path, s3):
             time.sleep(max(0.0, s3.proxy.outage_until - time.monotonic()))
         assert error is None, failures
     finally:
-        timer.cancel()
         s3.proxy.calm()
     assert s3.proxy.faults["outage"] > 0, s3.proxy.faults
     p.assert_exactly_once()
