@@ -62,12 +62,12 @@ from ..storage.checkpoint import read_batch_offsets, read_query_id
 from ..storage.options import StorageOptions
 from ._spark import worker_logging
 from .delta import SINK_OPTIONS, DeltaSinkOptions, spark_to_arrow_schema
+from .delta_stats import delta_stats
 from .delta_target import DeltaTarget, check_writable_schema
 from .light import LIGHT_SNAPSHOT_ID
 from .staging import (
     HIVE_NULL,
     data_file_prefix,
-    delta_stats,
     dictionary_columns,
     fsync_folders,
     marker_name,
