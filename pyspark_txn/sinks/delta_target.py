@@ -38,7 +38,7 @@ from .staging import (
     parse_snapshot_dir,
     snapshot_dir,
 )
-from .twophase import Target, TargetTerms
+from .target import Target, TargetTerms
 
 log = logging.getLogger(__name__)
 
