@@ -5,6 +5,9 @@ Phase 2 commits the staged files' add actions together with
 checked, so a replay is a no-op (``committed version >= batch id``) and two
 racing phase 2s cannot both land. delta-rs validates nothing about the files
 it is given, so files and schema are checked here before anything commits.
+
+Over ~700 lines on purpose: it is one class whose methods share the table it opens
+and what it checked; its schema rules are in :mod:`.delta_target_schema`.
 """
 
 from __future__ import annotations
