@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from ..spark.arrow import as_arrow as as_arrow  # re-exported: the sinks import 
 from ..spark.arrow import spark_to_arrow_schema as spark_to_arrow_schema
 from ..state import TxnHandle
 from ..state.core import MAX_NAME_LENGTH, NAME_CHARS
+from ..storage.checkpoint import read_batch_offsets, read_query_id
 from .twophase import TwoPhaseCommitter
 
 try:  # PySpark >= 4.1
@@ -132,6 +133,39 @@ def batch_attempt(
         )
     (snapshot_id, token), run_id = attempts.pop(), runs.pop()
     return snapshot_id, token, run_id
+
+
+def commit_batch(
+    committer: TwoPhaseCommitter,
+    messages: Sequence[TxnCommitMessage],
+    batch_id: int,
+    attempt: tuple[int, str, str | None],
+    checkpoint: str,
+    query_name: str | None,
+    target_meta: Callable[[], dict[str, Any]],
+    fs_options: Any = None,
+) -> None:
+    """Phase 2 of a micro-batch as a stream writer's ``commit`` hands it over: the tasks'
+    handles, with the batch's source offsets and query id read from Spark's checkpoint."""
+    snapshot_id, token, run_id = attempt
+    offsets = read_batch_offsets(checkpoint, batch_id, fs_options)
+    committer.commit(
+        batch_id,
+        snapshot_id,
+        token,
+        [TxnHandle.from_json(t) for m in messages for t in m.txns],
+        run_id=run_id,
+        source_offsets=offsets,
+        query_id=read_query_id(checkpoint, fs_options),
+        query_name=query_name,
+        target_meta=target_meta(),
+    )
+
+
+def abort_attempts(committer: TwoPhaseCommitter, messages: Sequence[TxnCommitMessage]) -> None:
+    """Spark's abort of a batch: abort every attempt the tasks' messages name."""
+    for snapshot_id, token in sorted({(m.snapshot_id, m.token) for m in messages if m}):
+        committer.abort(snapshot_id, token)
 
 
 def spark_run_id() -> str | None:

@@ -25,16 +25,17 @@ from ..storage import fs as _fs
 from ..storage.checkpoint import (
     default_record_table,
     persisted_sink_id,
-    read_batch_offsets,
     read_query_id,
 )
 from ..storage.options import StorageOptions, using
 from ._spark import (
     TxnCommitMessage,
     WriterBase,
+    abort_attempts,
     as_arrow,
     batch_attempt,
     check_sink_id,
+    commit_batch,
     commit_message,
     parse_bool,
     parse_log_level,
@@ -429,21 +430,17 @@ class TxnDeltaStreamWriter(WriterBase):
             )
             return
         committer = self.opts.committer()
-        snapshot_id, token, run_id = batch_attempt(committer, msgs, batchId)
-        fs_options = self.opts.storage
-        offsets = read_batch_offsets(self.opts.checkpoint_location, batchId, fs_options)
-        committer.commit(
+        commit_batch(
+            committer,
+            msgs,
             batchId,
-            snapshot_id,
-            token,
-            [TxnHandle.from_json(t) for m in msgs for t in m.txns],
-            run_id=run_id,
-            source_offsets=offsets,
-            query_id=read_query_id(self.opts.checkpoint_location, fs_options),
-            query_name=self.opts.query_name,
-            target_meta=self.opts.target_meta(
+            batch_attempt(committer, msgs, batchId),
+            self.opts.checkpoint_location,
+            self.opts.query_name,
+            lambda: self.opts.target_meta(
                 self.arrow_schema, _delta_target(committer).base_version()
             ),
+            self.opts.storage,
         )
 
     def abort(self, messages, batchId: int) -> None:
@@ -452,6 +449,4 @@ class TxnDeltaStreamWriter(WriterBase):
             for token in sorted({m.token for m in messages if m}):
                 self.opts.light_committer().abort(token, batchId)
             return
-        committer = self.opts.committer()
-        for snapshot_id, token in sorted({(m.snapshot_id, m.token) for m in messages if m}):
-            committer.abort(snapshot_id, token)
+        abort_attempts(self.opts.committer(), messages)

@@ -44,17 +44,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 import uuid
-import zlib
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import date
 from typing import Any
 
-from ..errors import ConfigError, ProtocolViolation, TxnError
+from ..errors import ConfigError
 from ..spark.options import reject_unknown_options
 from ..state import TxnHandle, new_token
 from ..storage import fs as _fs
@@ -63,15 +59,18 @@ from ..storage.options import StorageOptions
 from ._spark import worker_logging
 from .delta import SINK_OPTIONS, DeltaSinkOptions, spark_to_arrow_schema
 from .delta_target import DeltaTarget, check_writable_schema
+from .fast_output import (  # noqa: F401 (re-exported: callers import them from here)
+    _TAG,
+    _is_string,
+    _measure,
+    _Move,
+    collect_spark_output,
+    spark_folder,
+)
 from .light import LIGHT_SNAPSHOT_ID
 from .staging import (
-    HIVE_NULL,
-    data_file_prefix,
-    delta_stats,
     dictionary_columns,
-    fsync_folders,
     marker_name,
-    partition_value,
     snapshot_dir,
     write_marker,
 )
@@ -91,12 +90,6 @@ _UNSUPPORTED = {
     "rowgrouprows": "rowGroupRows (Spark's parquet writer sizes row groups by bytes: "
     "set spark.hadoop.parquet.block.size)",
 }
-# Spark writes a string partition value as this letter and the value: Spark writes
-# the empty string and the text __HIVE_DEFAULT_PARTITION__ into null's folder, so
-# without it they could not be told from null.
-_TAG = "v"
-# Spark's escape of a character in a folder name (ExternalCatalogUtils.escapePathName)
-_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
 
 
 def delta_batch_writer(path: str, checkpoint: str, **options: Any) -> DeltaBatchWriter:
@@ -442,6 +435,11 @@ _HADOOP_OPTIONS = {
 }
 
 
+def _quoted(column: str) -> str:
+    """A column name as Spark's parser reads it literally (dots, spaces, backticks)."""
+    return "`" + column.replace("`", "``") + "`"
+
+
 def _roll_back(undo: Callable[[], None], sink_id: str, batch_id: int) -> None:
     try:
         undo()
@@ -562,189 +560,3 @@ def _check_hadoop_filesystem(session, scheme: str, jar: str, uri: str, mapped: s
             f"spark.conf.set('{SPARK_SCHEME_CONF}.{uri.split('://', 1)[0].lower()}', "
             "'<scheme>'); see docs/object-stores.md"
         ) from None
-
-
-def _quoted(column: str) -> str:
-    """A column name as Spark's parser reads it literally (dots, spaces, backticks)."""
-    return "`" + column.replace("`", "``") + "`"
-
-
-def _is_string(t) -> bool:
-    import pyarrow as pa
-
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
-
-
-def spark_folder(sink_id: str, snapshot_id: int, token: str, attempt: str) -> str:
-    """The folder of the table (relative to its root) Spark writes one attempt into.
-    Its name starts with the attempt's data file prefix and is the attempt's alone:
-    every file under it is the attempt's (``DeltaTarget`` lists it whole, through the
-    marker that names it)."""
-    return f"{data_file_prefix(sink_id, snapshot_id, token)}00000-{attempt}"
-
-
-def _is_data_file(folders: Sequence[str], name: str) -> bool:
-    return (
-        name.startswith("part-")
-        and name.endswith(".parquet")
-        and not any(f.startswith(("_", ".")) for f in folders)
-    )
-
-
-def _spark_output(
-    fs, out: str, columns: Sequence[tuple[str, Any]]
-) -> tuple[list[tuple[str, dict[str, str | None], int]], list[str]]:
-    """Spark's data files under ``out`` (sorted, each with its partition values as
-    ``txn-delta`` spells them, and its size), and everything else there: Spark's own
-    files (``_SUCCESS``, ``.crc``, ``_temporary/``), which are no data files."""
-    if not fs.exists(out):
-        return [], []
-    top = out.rstrip("/") + "/"
-    data, other = [], []
-    for path, info in sorted(fs.find(out, detail=True).items()):
-        rel = path[len(top) :] if path.startswith(top) else path
-        *folders, name = rel.split("/")
-        if not _is_data_file(folders, name):
-            other.append(path)
-            continue
-        if len(folders) != len(columns):
-            raise ProtocolViolation(
-                f"Spark's output file {rel} is not in one folder per partition column "
-                f"{[c for c, _ in columns]}"
-            )
-        values: dict[str, str | None] = {}
-        for folder, (column, t) in zip(folders, columns, strict=True):
-            key, sep, raw = folder.partition("=")
-            if not sep or _unescape(key) != column:
-                raise ProtocolViolation(
-                    f"Spark's output folder {folder!r} is not one of partition column {column!r}"
-                )
-            values[column] = _folder_value(column, raw, t)
-        data.append((path, values, int(info.get("size") or 0)))
-    return data, other
-
-
-def collect_spark_output(
-    fs, root: str, out_rel: str, columns: Sequence[tuple[str, Any]], file_schema, local: bool
-) -> list[TxnHandle]:
-    """The handles of the files Spark's write left in the table's folder ``out_rel``
-    (relative to ``root``), files written in place: nothing is copied or renamed.
-
-    Whatever else Spark left there (``_temporary/``, ``.crc``, ``_SUCCESS``) and the
-    schema-only file of an empty batch are removed first, so once the batch is
-    committed its folder holds exactly its committed files; a crash before that leaves
-    them in the attempt's folder, which its marker names. Each file is read once for
-    its CRC32 and footer (rows, Delta stats), in parallel, and fsynced with its folders
-    (local disks)."""
-    out = _fs.join(root, out_rel)
-    found, other = _spark_output(fs, out, columns)
-    if other:
-        log.debug("removing Spark's files that are no data files: %s", other)
-        fs.rm(other)  # (files only: find lists no folders)
-        temporary = _fs.join(out, "_temporary")
-        if fs.exists(temporary):
-            fs.rm(temporary, recursive=True)
-    top = root.rstrip("/") + "/"
-    moves = [
-        _Move(p[len(top) :] if p.startswith(top) else p, values, _spark_partition(p))
-        for p, values, _ in found
-    ]
-    with ThreadPoolExecutor(min(8, max(1, len(moves)))) as pool:
-        handles = list(pool.map(lambda m: _measure(fs, root, m, local, file_schema), moves))
-    empty = [h for h in handles if h.rows == 0]
-    if empty:  # Spark writes a schema-only file for an empty batch: never committed
-        fs.rm([_fs.join(root, h.handle) for h in empty])
-    handles = [h for h in handles if h.rows > 0]
-    if not handles:
-        if fs.exists(out):
-            fs.rm(out, recursive=True)
-        return []
-    if local:
-        fsync_folders(root, {os.path.dirname(h.handle) for h in handles})
-    return handles
-
-
-def _unescape(text: str) -> str:
-    """Spark's ``unescapePathName``: ``%XX`` is the character XX (Spark escapes only
-    ASCII characters, and every ``%``; others are in the name as they are)."""
-    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
-
-
-def _folder_value(column: str, raw: str, t) -> str | None:
-    """A partition value of a Spark folder name, spelled by ``partition_value`` from the
-    Python value txn-delta would have (so both write the same string)."""
-    if raw == HIVE_NULL:  # null (and the empty string: Spark writes it as null)
-        return None
-    import pyarrow as pa
-
-    text = _unescape(raw)
-    value: Any
-    if _is_string(t):
-        if not text.startswith(_TAG):
-            raise ProtocolViolation(f"Spark's folder value {raw!r} of {column!r} lacks its tag")
-        value = text[len(_TAG) :]
-    elif pa.types.is_boolean(t):
-        if text not in ("true", "false"):
-            raise ProtocolViolation(f"Spark's folder value {raw!r} of {column!r} is no boolean")
-        value = text == "true"
-    elif pa.types.is_date32(t):
-        try:
-            value = date.fromisoformat(text)
-        except ValueError:  # txn-delta fails on such a date as well (no Python date)
-            raise TxnError(
-                f"column {column!r}: Spark wrote the partition value {text!r}, which is not "
-                "a date of the years 1 to 9999 that the Delta log can hold; filter such "
-                "rows out before the sink"
-            ) from None
-    else:
-        value = int(text)
-    return partition_value(value)
-
-
-def _spark_partition(path: str) -> int:
-    """The task partition in Spark's file name ``part-00003-<uuid>-c000...``."""
-    parts = os.path.basename(path).split("-")
-    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-
-
-@dataclass(frozen=True)
-class _Move:
-    """One of Spark's files in the table (relative to the root)."""
-
-    rel: str
-    values: Mapping[str, str | None]
-    partition: int
-
-
-# Bytes read at a time for a staged file's CRC32: a file is never whole in the driver's
-# memory (Spark's files reach 8M rows; up to 8 are measured at once).
-_CHUNK = 4 << 20
-
-
-def _measure(fs, root: str, move: _Move, local: bool, schema) -> TxnHandle:
-    """Size, CRC32, rows and Delta stats of one staged file: the CRC32 over the bytes
-    read a chunk at a time, the footer read by itself (its end of the file only)."""
-    import pyarrow.parquet as pq
-
-    path = _fs.join(root, move.rel)
-    crc, size = 0, 0
-    with open(path, "rb") if local else fs.open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-        if local:
-            os.fsync(f.fileno())
-        f.seek(0)
-        metadata = pq.ParquetFile(f).metadata
-    return TxnHandle(
-        partition=move.partition,
-        handle=move.rel,
-        rows=metadata.num_rows,
-        bytes=size,
-        checksum=f"crc32:{crc:08x}",
-        meta={
-            "partition_values": dict(move.values),
-            "stats": delta_stats(metadata, schema),
-            "mtime": int(time.time() * 1000),
-        },
-    )

@@ -28,7 +28,6 @@ from ..state import (
     RecordStore,
     Replay,
     SinkState,
-    TxnHandle,
     decide,
 )
 from ..storage import fs as _fs
@@ -37,14 +36,15 @@ from ..storage.checkpoint import (
     latest_batch,
     persisted_sink_id,
     read_batch_offsets,
-    read_query_id,
 )
 from ._spark import (
     TxnCommitMessage,
     WriterBase,
+    abort_attempts,
     as_arrow,
     batch_attempt,
     check_sink_id,
+    commit_batch,
     commit_message,
     parse_bool,
     parse_log_level,
@@ -375,24 +375,21 @@ class TxnPostgresStreamWriter(WriterBase):
         msgs = [m for m in messages if m is not None]
         committer = self.opts.committer()
         try:
-            snapshot_id, token, run_id = batch_attempt(committer, msgs, batchId)
+            attempt = batch_attempt(committer, msgs, batchId)
             if any(m.replay for m in msgs) and batchId not in committer.load().records:
                 raise ProtocolViolation(
                     f"sink {self.opts.sink_id!r}: batch {batchId} was planned as a replay "
                     "of a decided batch, but the record table has no record of it; its "
                     "rows were not staged. Restart the query: the batch is planned again"
                 )
-            offsets = read_batch_offsets(self.opts.checkpoint_location, batchId)
-            committer.commit(
+            commit_batch(
+                committer,
+                msgs,
                 batchId,
-                snapshot_id,
-                token,
-                [TxnHandle.from_json(t) for m in msgs for t in m.txns],
-                run_id=run_id,
-                source_offsets=offsets,
-                query_id=read_query_id(self.opts.checkpoint_location),
-                query_name=self.opts.query_name,
-                target_meta=self.opts.target_meta(),
+                attempt,
+                self.opts.checkpoint_location,
+                self.opts.query_name,
+                self.opts.target_meta,
             )
         finally:
             _close(committer)
@@ -401,8 +398,7 @@ class TxnPostgresStreamWriter(WriterBase):
         worker_logging(self.opts.log_level)
         committer = self.opts.committer()
         try:
-            for snapshot_id, token in sorted({(m.snapshot_id, m.token) for m in messages if m}):
-                committer.abort(snapshot_id, token)
+            abort_attempts(committer, messages)
         finally:
             _close(committer)
 

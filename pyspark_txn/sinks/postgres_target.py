@@ -49,7 +49,7 @@ from .postgres_db import (
     redact,
 )
 from .postgres_staging import _ident
-from .twophase import Target, TargetTerms
+from .target import Target, TargetTerms
 
 log = logging.getLogger(__name__)
 

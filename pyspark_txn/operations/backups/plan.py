@@ -1,0 +1,274 @@
+"""The plan (the cut): which committed batch of each member a backup pins, downstream
+first, so that no part holds rows derived from upstream data another part lacks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ...errors import BackupError, ConfigError
+
+if TYPE_CHECKING:
+    pass
+from ...storage import fs as _fs
+from .. import handle as admin
+
+
+@dataclass(frozen=True)
+class Member:
+    checkpoint: str  # as the user gave it
+    target: str  # the sink's Delta table
+    sink_id: str
+    reads: tuple[str | None, ...]  # per source: the table its txn-delta source reads
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "checkpoint": self.checkpoint,
+            "target": self.target,
+            "sink_id": self.sink_id,
+            "reads": list(self.reads),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Member:
+        return cls(d["checkpoint"], d["target"], d["sink_id"], tuple(d.get("reads") or ()))
+
+
+def _offset_dict(offset: Any) -> dict | None:
+    if isinstance(offset, str):
+        try:
+            offset = json.loads(offset)
+        except ValueError:
+            return None
+    return offset if isinstance(offset, dict) else None
+
+
+def _is_delta_offset(offset: Any) -> bool:
+    d = _offset_dict(offset)
+    return d is not None and set(d) == {"version", "index", "snapshot"}
+
+
+def consumed_version(offset: Any, where: str) -> int:
+    """The last upstream version a ``txn-delta`` source has read all of, at a batch whose
+    end is ``offset``; refused when the batch ended inside a version (a part cut there
+    could not be restored exactly)."""
+    d = _offset_dict(offset)
+    if d is None or not _is_delta_offset(d):
+        raise BackupError(f"{where}: offset {offset!r} is not a txn-delta source offset")
+    if d["index"] or d["snapshot"]:
+        raise BackupError(
+            f"{where}: its batch ended inside version {d['version']} of the upstream table "
+            f"(offset {json.dumps(d, sort_keys=True)}: maxFilesPerBatch cut that version); "
+            "such a batch cannot be the cut. Take the backup again (the next batch usually "
+            "ends on a version boundary) or raise the source's maxFilesPerBatch"
+        )
+    return int(d["version"]) - 1
+
+
+def _members(
+    queries: Sequence[str], reads: Mapping[str, Sequence[str | None]] | None
+) -> list[Member]:
+    if isinstance(queries, str) or not queries:
+        raise ConfigError("queries: give a non-empty list of checkpoint locations")
+    keys = [_fs.location_key(_fs.normalize_uri(q)) for q in queries]
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"queries: a checkpoint is listed twice: {list(queries)}")
+    reads = dict(reads or {})
+    by_key = dict(zip(keys, queries, strict=True))
+    for k in reads:
+        if _fs.location_key(_fs.normalize_uri(k)) not in by_key:
+            raise ConfigError(f"reads: {k!r} is not one of the queries {list(queries)}")
+    read_of = {_fs.location_key(_fs.normalize_uri(k)): v for k, v in reads.items()}
+    out = []
+    for q, k in zip(queries, keys, strict=True):
+        handle = admin.open_sink(q)
+        handle.require_delta("backups take")
+        if handle.target_uri is None:
+            raise ConfigError(f"query {q}: its sink has no committed batch yet: nothing to back up")
+        got = read_of.get(k)
+        if got is not None and (isinstance(got, str) or not isinstance(got, Sequence)):
+            raise ConfigError(
+                f"reads[{q!r}]: give a list with one entry per source (a table path or None)"
+            )
+        out.append(
+            Member(
+                q,
+                handle.target_uri,
+                handle.sink_id,
+                tuple(None if p is None else _fs.normalize_uri(p) for p in (got or ())),
+            )
+        )
+    return out
+
+
+def _graph(members: list[Member]) -> dict[int, list[tuple[int, int]]]:
+    """For each member: (source index, upstream member) of its sources that read a
+    member's target. Cycles are refused."""
+    targets = {_fs.location_key(m.target): i for i, m in enumerate(members)}
+    ups: dict[int, list[tuple[int, int]]] = {}
+    for i, m in enumerate(members):
+        ups[i] = [
+            (s, targets[_fs.location_key(p)])
+            for s, p in enumerate(m.reads)
+            if p is not None and _fs.location_key(p) in targets
+        ]
+    order = _downstream_first(ups)
+    if order is None:
+        raise ConfigError("reads: the queries read each other's tables in a cycle")
+    return ups
+
+
+def _downstream_first(ups: Mapping[int, list[tuple[int, int]]]) -> list[int] | None:
+    """Members in reverse topological order (every reader before what it reads)."""
+    readers: dict[int, set[int]] = {i: set() for i in ups}
+    for i, edges in ups.items():
+        for _, u in edges:
+            readers[u].add(i)
+    order: list[int] = []
+    left = set(ups)
+    while left:
+        ready = sorted(i for i in left if not (readers[i] & left))
+        if not ready:
+            return None
+        order.extend(ready)
+        left -= set(ready)
+    return order
+
+
+def _committed(handle: admin.SinkHandle) -> list[tuple[Any, int | None]]:
+    """(record, the target version its own commit made, None for none) newest first."""
+    state = handle.load()
+    target = handle.target()
+    out = []
+    try:
+        for rec in sorted(state.records.values(), key=lambda r: r.snapshot_id, reverse=True):
+            version = state.committed.get(rec.snapshot_id)
+            if version is None and rec.txns:
+                version = target.committed_version(rec)
+            out.append((rec, version))
+    finally:
+        target.close()
+    return out
+
+
+def _check_sources(member: Member, offsets: Sequence[Any]) -> None:
+    for s, offset in enumerate(offsets):
+        declared = member.reads[s] if s < len(member.reads) else None
+        if _is_delta_offset(offset) and declared is None:
+            raise ConfigError(
+                f"query {member.checkpoint}: source {s} is a txn-delta source; say which table "
+                f"it reads with reads={{{member.checkpoint!r}: [...]}} (--reads), so the "
+                "backup can cut it consistently with that table's query"
+            )
+
+
+def _boundary_version(offset: Any) -> int | None:
+    """The upstream version a txn-delta offset has read all of, None if it ends inside one."""
+    d = _offset_dict(offset)
+    if d is None or not _is_delta_offset(d) or d["index"] or d["snapshot"]:
+        return None
+    return int(d["version"]) - 1
+
+
+def _align_readers(
+    members: Any, ups: Any, readers: Any, done: Any, u: Any, cut: Any, pins: Any, offsets_of: Any
+) -> None:
+    """A fan-out whose readers consumed different versions of member ``u``'s table: pin
+    the readers that are ahead at their committed batch that ended exactly at ``cut``
+    (the version the slowest reader consumed). Only readers that nothing else constrains
+    (no reader of their own, no other upstream, not taken yet) can move."""
+    table = members[u].target
+    for r, s in readers[u]:
+        if _boundary_version(offsets_of[r][s]) == cut:
+            continue
+        who = members[r].checkpoint
+        if readers[r] or len(ups[r]) > 1 or r in done:
+            raise BackupError(
+                f"query {members[u].checkpoint}: the queries reading its table {table} stand "
+                f"at different versions of it; {who} is ahead (it has readers or other "
+                "upstream tables of its own, or its part is taken), so it cannot be cut back "
+                f"to version {cut}: take the backup again"
+            )
+        for rec, version in _committed(admin.open_sink(who)):
+            offset = rec.source_offsets[s] if s < len(rec.source_offsets) else None
+            if version is not None and _boundary_version(offset) == cut:
+                pins[r] = (rec.snapshot_id, version)
+                offsets_of[r] = rec.source_offsets
+                break
+        else:
+            raise BackupError(
+                f"query {who}: it reads {table} ahead of the other readers, and none of its "
+                f"kept committed batches ended exactly at version {cut} of it: no exact cut "
+                "of this fan-out exists now; take the backup again"
+            )
+
+
+def _plan(
+    members: list[Member], ups: Mapping[int, list[tuple[int, int]]], done: Mapping[int, Any]
+) -> dict[int, tuple[int, int]]:
+    """(snapshot id, table version) to export for each member, downstream first.
+    ``done``: parts already registered (a retried take) are kept as they are."""
+    readers: dict[int, list[tuple[int, int]]] = {i: [] for i in ups}
+    for i, edges in ups.items():
+        for s, u in edges:
+            readers[u].append((i, s))
+    pins: dict[int, tuple[int, int]] = {}
+    offsets_of: dict[int, Sequence[Any]] = {}
+    order = _downstream_first(ups) or []
+    for i in order:
+        m = members[i]
+        if i in done:
+            entry = done[i]
+            pins[i] = (entry.of_snapshot_id, entry.target_version)
+            offsets_of[i] = entry.details.get("source_offsets") or []
+            continue
+        records = _committed(admin.open_sink(m.checkpoint))
+        needs = {
+            consumed_version(
+                offsets_of[r][s], f"query {members[r].checkpoint}, source {s} (reads {m.target})"
+            )
+            for r, s in readers[i]
+        }
+        if not needs:  # nothing in the backup reads it: its latest committed batch (whose
+            # txn-delta offsets end on version boundaries: only such a batch is a cut)
+            for rec, version in records:
+                if version is not None and all(
+                    _boundary_version(
+                        rec.source_offsets[s] if s < len(rec.source_offsets) else None
+                    )
+                    is not None
+                    for s, _ in ups[i]
+                ):
+                    pins[i] = (rec.snapshot_id, version)
+                    offsets_of[i] = rec.source_offsets
+                    break
+            else:
+                raise BackupError(
+                    f"query {m.checkpoint}: no committed batch to back up yet"
+                    + (
+                        " whose txn-delta offsets end on a version boundary (maxFilesPerBatch "
+                        "splits versions: raise it, or take the backup after the next batch)"
+                        if ups[i] and records
+                        else ""
+                    )
+                )
+        else:
+            if len(needs) > 1:
+                _align_readers(members, ups, readers, done, i, min(needs), pins, offsets_of)
+            need = min(needs)
+            for rec, version in records:
+                if version == need:
+                    pins[i] = (rec.snapshot_id, version)
+                    offsets_of[i] = rec.source_offsets
+                    break
+            else:
+                raise BackupError(
+                    f"query {m.checkpoint}: its readers consumed version {need} of {m.target}, "
+                    "but no kept committed batch of this query made that version (retention "
+                    "summarized it away, or another writer made it): this part cannot be cut "
+                    "consistently"
+                )
+        _check_sources(m, offsets_of[i])
+    return pins

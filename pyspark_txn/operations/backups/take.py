@@ -1,0 +1,184 @@
+"""Taking a backup: allocate its id in the catalog (conditionally), plan the cut, export
+one named snapshot per member."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...errors import BackupError, ConfigError
+from ...storage import StorageOptions, takes_storage_options
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+from ...storage import fs as _fs
+from .. import snapshots
+from .catalog import (
+    _LIVE,
+    COMPLETED,
+    _append,
+    _catalog_uri,
+    _event,
+    _events,
+    _fault,
+    _now,
+    _open_catalog,
+    _owner,
+    _owner_is_dead,
+    _owner_of,
+    _part_location,
+    _rows,
+    _started,
+    part_name,
+)
+from .plan import (
+    Member,
+    _downstream_first,
+    _graph,
+    _members,
+    _plan,
+)
+from .status import BackupStatus, status
+
+log = logging.getLogger(__name__)
+
+
+@takes_storage_options
+def take(
+    backup_id: int | None,
+    queries: Sequence[str],
+    to: str,
+    *,
+    reads: Mapping[str, Sequence[str | None]] | None = None,
+    spark: SparkSession | None = None,
+    storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
+) -> BackupStatus:
+    """Back up the queries at ``queries`` (checkpoint locations) as one consistent set
+    into ``to``, while they run. ``backup_id``: a positive integer above every id taken
+    so far in ``to`` (None: the next one). ``reads``: for each query whose sources
+    include ``txn-delta``, the table each source reads (one entry per source, None for
+    other sources). Returns the backup's status; raises :class:`BackupError` (the
+    backup is then failed, its id used) when a part cannot be taken.
+
+    Retrying the id of a backup whose taker died (kill -9) resumes it: parts already
+    registered are kept, the others are taken consistently with them.
+    """
+    if backup_id is not None and (
+        isinstance(backup_id, bool) or not isinstance(backup_id, int) or backup_id < 1
+    ):
+        raise ConfigError(f"backup id {backup_id!r}: must be a positive integer")
+    members = _members(queries, reads)
+    _graph(members)  # a cycle is refused before an id is taken
+    owner = _owner()
+    _LIVE.add(owner["token"])
+    try:
+        backup_id, members = _allocate(to, backup_id, members, owner)
+        return _take(to, backup_id, members, _graph(members), spark)
+    finally:
+        _LIVE.discard(owner["token"])
+
+
+def _allocate(
+    to: str, backup_id: int | None, members: list[Member], owner: Mapping[str, Any]
+) -> tuple[int, list[Member]]:
+    from deltalake.exceptions import CommitFailedError
+
+    for _ in range(20):
+        dt = _open_catalog(to, create=True)
+        rows = _rows(dt)
+        highest = max((r["backup_id"] for r in rows), default=0)
+        chosen = highest + 1 if backup_id is None else backup_id
+        if chosen <= highest:
+            events = _events(rows, chosen)
+            started = _started(rows, chosen)
+            ended = {r["event"] for r in events} & {"failed", "deleted", "completed"}
+            if started is None or ended:
+                raise ConfigError(
+                    f"backup id {chosen}: ids must grow and are never reused; the highest so "
+                    f"far in {to} is {highest}"
+                    + (f" (backup {chosen} is {sorted(ended)[0]})" if ended else "")
+                )
+            if not _owner_is_dead(_owner_of(events)):
+                raise ConfigError(
+                    f"backup {chosen} is being taken by another process "
+                    f"({_owner_of(events)}); retry it once that process has ended"
+                )
+            recorded = [Member.from_json(m) for m in started["body"]["members"]]
+            if [_fs.location_key(_fs.normalize_uri(m.checkpoint)) for m in recorded] != [
+                _fs.location_key(_fs.normalize_uri(m.checkpoint)) for m in members
+            ]:
+                raise ConfigError(
+                    f"backup {chosen} was started with the queries "
+                    f"{[m.checkpoint for m in recorded]}; retry it with the same queries"
+                )
+            event = {"backup_id": chosen, "event": "resumed", "member": None, "at": _now()}
+            try:
+                _append(dt, [{**event, "body": {"owner": dict(owner)}}], take_id=chosen)
+            except CommitFailedError:
+                continue
+            log.info("backup %d: resumed (its taker had died)", chosen)
+            return chosen, recorded
+        started_row = {
+            "backup_id": chosen,
+            "event": "started",
+            "member": None,
+            "at": _now(),
+            "body": {"owner": dict(owner), "members": [m.to_json() for m in members]},
+        }
+        try:
+            _append(dt, [started_row], take_id=chosen)
+        except CommitFailedError:
+            continue  # another taker committed meanwhile: read again
+        return chosen, members
+    raise BackupError(f"backup catalog {_catalog_uri(to)}: too many concurrent takers, try again")
+
+
+def _take(
+    to: str, backup_id: int, members: list[Member], ups: Any, spark: SparkSession | None
+) -> BackupStatus:
+    name = part_name(backup_id)
+    done = {}
+    for i, m in enumerate(members):
+        registry = {n.name: n for n in snapshots.list_snapshots(m.checkpoint)}
+        if name in registry:
+            done[i] = registry[name]
+    dt = _open_catalog(to)
+    try:
+        pins = _plan(members, ups, done)
+    except (BackupError, ConfigError) as e:
+        _append(dt, [_event(backup_id, "failed", None, {"reason": str(e)})])
+        raise BackupError(f"backup {backup_id} failed: {e}") from e
+    for i in _downstream_first(ups) or []:
+        if i in done:
+            continue
+        m = members[i]
+        snapshot_id, version = pins[i]
+        _append(dt, [_event(backup_id, "member_started", m.checkpoint, {"snapshot": snapshot_id})])
+        try:
+            snapshots.export(
+                m.checkpoint,
+                name,
+                _part_location(to, backup_id, i),
+                snapshot_id,
+                spark=spark,
+                replace_unfinished=False,
+            )
+        except Exception as e:
+            reason = f"{type(e).__name__}: {e}"
+            _append(
+                dt,
+                [
+                    _event(backup_id, "member_failed", m.checkpoint, {"reason": reason}),
+                    _event(backup_id, "failed", None, {"reason": f"{m.checkpoint}: {reason}"}),
+                ],
+            )
+            raise BackupError(
+                f"backup {backup_id}: the part of {m.checkpoint} (version {version} of "
+                f"{m.target}) could not be taken: {e}"
+            ) from e
+        _fault("exit_after_part")
+    result = status(backup_id, to)
+    if result.state == COMPLETED:
+        _append(dt, [_event(backup_id, "completed", None, {})])
+    return result
