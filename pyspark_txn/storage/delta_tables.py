@@ -123,14 +123,19 @@ def open_table(
             if not refresh and time.monotonic() - read_at < STALE_OK_S:
                 cache[key] = entry
                 return cached
-            if _fs.is_local(uri) and not _has_commit(uri, max(marker[0], cached.version()) + 1):
+            version = cached.version()
+            if _fs.is_local(uri) and not _has_commit(uri, max(marker[0], version) + 1):
                 # Nothing new: on a local disk delta-rs' catch-up lists the whole
                 # _delta_log folder (every commit the log retention keeps: the cost
                 # grew with the number of batches). Commits are numbered without
                 # gaps and cleaned up oldest first: no next file, no newer commit.
-                # (The table may be ahead of its marker: our own commits move it.)
-                cache[key] = (cached, marker, time.monotonic())
-                return cached
+                # The table may be ahead of its marker (our own commits move it):
+                # then that version's commit file must be there too, or the table
+                # was put back to an older copy under us (reopen: it says so).
+                current = marker if version <= marker[0] else _commit_file_marker(uri, version)
+                if current is not None:
+                    cache[key] = (cached, current, time.monotonic())
+                    return cached
             try:
                 cached.update_incremental()
                 dt = cached
