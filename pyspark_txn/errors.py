@@ -93,6 +93,15 @@ class ProtocolViolation(TxnError):
     """A transition would break one of the protocol invariants (a bug or a zombie)."""
 
 
+class StorageError(TxnError, OSError):
+    """A store refused or failed a request (missing bucket, no credentials, unreachable
+    endpoint, denied): one line that says which and what to check, with the client's text
+    (cleaned) in it; the client's error itself is ``original``. An ``OSError`` too, so
+    ``except OSError`` keeps catching it."""
+
+    original: BaseException | None = None
+
+
 class BackupError(TxnError):
     """A backup (or one of its parts) could not be taken or restored."""
 

@@ -6,6 +6,7 @@ from pyspark.sql.datasource import DataSource
 
 from .errors import ConfigError
 from .sources.redis import TxnRedisDataSource
+from .storage import store_errors
 
 
 class TxnDeltaDataSource(DataSource):
@@ -18,7 +19,8 @@ class TxnDeltaDataSource(DataSource):
     def schema(self):
         from .sources.delta import DeltaSourceOptions
 
-        return DeltaSourceOptions.parse(self.options).spark_schema_ddl()
+        with store_errors():
+            return DeltaSourceOptions.parse(self.options).spark_schema_ddl()
 
     def streamWriter(self, schema, overwrite: bool):
         from .sinks.delta import DeltaSinkOptions, TxnDeltaStreamWriter
@@ -27,13 +29,15 @@ class TxnDeltaDataSource(DataSource):
             raise ConfigError(
                 "txn-delta sink: outputMode 'complete' is not supported; use 'append'"
             )
-        opts = DeltaSinkOptions.parse(self.options).with_checkpoint_sink_id()
-        return TxnDeltaStreamWriter(opts, schema)
+        with store_errors():
+            opts = DeltaSinkOptions.parse(self.options).with_checkpoint_sink_id()
+            return TxnDeltaStreamWriter(opts, schema)
 
     def streamReader(self, schema):
         from .sources.delta import DeltaSourceOptions, DeltaStreamReader
 
-        return DeltaStreamReader(DeltaSourceOptions.parse(self.options), schema)
+        with store_errors():
+            return DeltaStreamReader(DeltaSourceOptions.parse(self.options), schema)
 
 
 class TxnPostgresDataSource(DataSource):

@@ -27,7 +27,7 @@ from ..storage.checkpoint import (
     persisted_sink_id,
     read_query_id,
 )
-from ..storage.options import StorageOptions, using
+from ..storage.options import StorageOptions, store_errors, using
 from ._spark import (
     TxnCommitMessage,
     WriterBase,
@@ -395,9 +395,12 @@ class TxnDeltaStreamWriter(WriterBase):
         # the one place a snapshot id can be made safe before phase 1.
         if self._attempt is None:
             worker_logging(self.opts.log_level)
-            self._attempt = (
-                (LIGHT_SNAPSHOT_ID, new_token()) if self.opts.light else _prepare_attempt(self.opts)
-            )
+            with store_errors():
+                self._attempt = (
+                    (LIGHT_SNAPSHOT_ID, new_token())
+                    if self.opts.light
+                    else _prepare_attempt(self.opts)
+                )
         return self.__dict__
 
     def write(self, iterator) -> TxnCommitMessage:
@@ -418,6 +421,10 @@ class TxnDeltaStreamWriter(WriterBase):
 
     def commit(self, messages, batchId: int) -> None:
         worker_logging(self.opts.log_level)
+        with store_errors():
+            self._commit(messages, batchId)
+
+    def _commit(self, messages, batchId: int) -> None:
         msgs = [m for m in messages if m is not None]
         if self.opts.light:
             fs_options = self.opts.storage

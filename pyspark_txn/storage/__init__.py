@@ -11,6 +11,7 @@ from .options import (
     current,
     describe_store_error,
     filesystem,
+    store_errors,
     takes_storage_options,
     using,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "current",
     "describe_store_error",
     "filesystem",
+    "store_errors",
     "takes_storage_options",
     "using",
 ]

@@ -29,7 +29,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StorageError, TxnError
 
 log = logging.getLogger(__name__)
 
@@ -465,13 +465,34 @@ def using(options: StorageOptions | Mapping[str, Any] | str | None) -> Iterator[
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+@contextlib.contextmanager
+def store_errors() -> Iterator[None]:
+    """At the package's edges (public API calls, Spark's calls into a data source): a store
+    client's failure leaves as one :class:`StorageError` line naming the likely cause,
+    instead of delta-rs' or obstore's multi-line, colour-coded text."""
+    try:
+        yield
+    except TxnError:
+        raise
+    except Exception as e:
+        module = type(e).__module__.split(".")[0]
+        if type(e) is not OSError and module not in ("obstore", "deltalake", "botocore"):
+            raise  # a local FileNotFoundError & co. stay what they are
+        problem = describe_store_error(e)
+        if problem is None:
+            raise
+        error = StorageError(problem)
+        error.original = e  # not chained: Spark would print the client's text again
+        raise error from None
+
+
 def takes_storage_options(func: F) -> F:
     """Run ``func`` with its keyword argument ``storage_options`` (JSON text, a mapping of
     delta-rs keys, or StorageOptions) in effect for every store it touches."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with using(kwargs.get("storage_options")):
+        with using(kwargs.get("storage_options")), store_errors():
             return func(*args, **kwargs)
 
     return cast(F, wrapper)

@@ -332,3 +332,38 @@ def test_outage_and_slow_responses_on_s3_are_exactly_once(spark, tmp_path, s3):
     p.assert_exactly_once()
     p.assert_no_orphans()
     p.assert_records_consistent()
+
+
+def test_store_failures_in_the_python_api_and_the_sink_are_one_clean_line(
+    spark, tmp_path, s3_apart
+):
+    """New-user trial: the snapshots API raised delta-rs' raw OSError (colour codes, many
+    lines) and the sink failed at its start with 'Generic S3 error' where the CLI says
+    which problem it is. moto runs in a process of its own: delta-rs holds the GIL while
+    it waits for an answer, which an in-process server could then never send."""
+    from pyspark_txn import StorageError, snapshots
+
+    missing = f"s3://nobucket{uuid.uuid4().hex[:8]}"
+    cases = [
+        (
+            {**s3_apart.options, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
+            s3_apart.uri("records"),
+            "cannot be reached",
+        ),
+        (s3_apart.options, f"{missing}/records", "does not exist"),
+    ]
+    for options, where, problem in cases:
+        with pytest.raises(StorageError) as e:
+            snapshots.list_snapshots(where, storage_options=options)
+        text = str(e.value)
+        assert problem in text and "\n" not in text and "\x1b" not in text, text
+        assert isinstance(e.value, OSError) and e.value.original is not None
+
+    p = S3Pipeline(spark, tmp_path, s3_apart, total=100, per_batch=100)
+    p.target = f"{missing}/target"
+    p.records = f"{missing}/records"
+    error = p.run()
+    assert error is not None
+    text = str(error)
+    assert "StorageError" in text and "does not exist" in text, text
+    assert "\x1b" not in text, text
