@@ -19,6 +19,7 @@ from .catalog import (
     COMPLETED,
     DONE_FILE,
     RESTORE_MARKER,
+    _catalog_id,
     _fault,
     _open_catalog,
     _rows,
@@ -161,7 +162,9 @@ def restore(
             p = _fs.join(root, f"part-{i}", sub)
             if fs.exists(p):
                 fs.rm(p, recursive=True)  # an unfinished earlier run of this restore
-        prepared = snapshots.prepare_query(m.checkpoint, part_name(backup_id), chk, path)
+        prepared = snapshots.prepare_query(
+            m.checkpoint, part_name(backup_id, _catalog_id(dt)), chk, path
+        )
         if reads:
             _rewrite_offsets(
                 chk, prepared.batch_id, {s: _next_version(paths[u]) for s, u in graph[i]}

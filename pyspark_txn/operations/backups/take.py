@@ -18,10 +18,12 @@ from .catalog import (
     _LIVE,
     COMPLETED,
     _append,
+    _catalog_id,
     _catalog_uri,
     _event,
     _events,
     _fault,
+    _is_ours,
     _now,
     _open_catalog,
     _owner,
@@ -137,13 +139,13 @@ def _allocate(
 def _take(
     to: str, backup_id: int, members: list[Member], ups: Any, spark: SparkSession | None
 ) -> BackupStatus:
-    name = part_name(backup_id)
+    dt = _open_catalog(to)
+    name = part_name(backup_id, _catalog_id(dt))
     done = {}
     for i, m in enumerate(members):
         registry = {n.name: n for n in snapshots.list_snapshots(m.checkpoint)}
-        if name in registry:
+        if name in registry and _is_ours(registry[name].location, to):
             done[i] = registry[name]
-    dt = _open_catalog(to)
     try:
         pins = _plan(members, ups, done)
     except (BackupError, ConfigError) as e:
@@ -159,7 +161,7 @@ def _take(
             snapshots.export(
                 m.checkpoint,
                 name,
-                _part_location(to, backup_id, i),
+                _part_location(to, backup_id, i, _catalog_id(dt)),
                 snapshot_id,
                 spark=spark,
                 replace_unfinished=False,
