@@ -40,6 +40,7 @@ from .catalog import (  # noqa: F401 (the names of operations.backups)
     FAULT_ENV,
     IN_PROGRESS,
     INCOMPLETE,
+    MAX_ID,
     RESTORE_MARKER,
     _append,
     _backup_dir,
@@ -60,6 +61,7 @@ from .catalog import (  # noqa: F401 (the names of operations.backups)
     _rows,
     _schema,
     _started,
+    check_id,
     part_name,
 )
 from .plan import (  # noqa: F401 (the names of operations.backups)

@@ -40,6 +40,19 @@ INCOMPLETE = "incomplete"
 DELETED = "deleted"
 
 
+#: The largest backup id: the catalog stores ids as int64.
+MAX_ID = 2**63 - 1
+
+
+def check_id(backup_id: object) -> int:
+    """A backup id as given: a positive integer the catalog can store."""
+    if isinstance(backup_id, bool) or not isinstance(backup_id, int) or backup_id < 1:
+        raise ConfigError(f"backup id {backup_id!r}: must be a positive integer")
+    if backup_id > MAX_ID:
+        raise ConfigError(f"backup id {backup_id}: at most {MAX_ID} (2**63 - 1)")
+    return backup_id
+
+
 def part_name(backup_id: int, catalog_id: str) -> str:
     """The name of a backup's part in each member's snapshot registry. It carries the
     catalog's id (:func:`_catalog_id`): a take of the same id into another location (or

@@ -33,6 +33,7 @@ from .catalog import (
     _owner_of,
     _rows,
     _started,
+    check_id,
     part_name,
 )
 from .plan import (
@@ -171,6 +172,7 @@ def status(
     storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> BackupStatus:
     """Each member's part (doesNotExist | inProgress | completed | failed) and the whole."""
+    check_id(backup_id)
     dt = _open_catalog(to)
     return _status_from(_rows(dt), backup_id, to, _catalog_id(dt))
 
