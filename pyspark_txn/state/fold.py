@@ -237,7 +237,14 @@ class SinkState:
             name = e.payload.get("name")
             if name not in self.named:
                 raise _violation(Invariant.NAME_UNIQUE, f"{name!r} deleted but not registered")
-            return replace(s, named=_frozen({k: v for k, v in self.named.items() if k != name}))
+            # its id is done with: no longer an open allocation (status would show a
+            # deleted export's id as one still running or killed)
+            gone = self.named[str(name)].snapshot_id
+            return replace(
+                s,
+                named=_frozen({k: v for k, v in self.named.items() if k != name}),
+                allocations=_frozen({k: v for k, v in self.allocations.items() if k != gone}),
+            )
         raise ProtocolViolation(f"{self.sink_id}: event kind {e.kind.value} is not a sink event")
 
 

@@ -891,6 +891,25 @@ def test_kill_9_before_registration_leaves_committed_tables_that_are_no_snapshot
         snapshots.verify(sink.chk, "k")
     snapshots.export(sink.chk, "k2", str(to))  # its writer is dead: removed, exported anew
     assert snapshots.verify(sink.chk, "k2").ok and ids_of(str(to / "data")) == list(range(40))
+    # the dead export's id is withdrawn with its copy: status shows no open export
+    state = sink.handle().load()
+    assert marker["snapshot_id"] in state.abandoned
+    assert admin.sink_status(sink.handle()).open_exports == ()
+
+
+def test_a_deleted_snapshots_id_is_not_shown_as_an_open_export(sink, tmp_path, capsys):
+    """Trial 25: after `snapshots delete` (or `backups delete`), `status` listed the
+    deleted snapshot's id as allocated by an export that has not registered yet."""
+    named = snapshots.export(sink.chk, "gone", str(tmp_path / "gone"))
+    snapshots.delete(sink.chk, "gone")
+    assert admin.sink_status(sink.handle()).open_exports == ()
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert code == 0 and "allocated by an export" not in out, out
+    # the id stays used: the next export gets a higher one, and the fold stays valid
+    again = snapshots.export(sink.chk, "again", str(tmp_path / "again"))
+    assert again.snapshot_id > named.snapshot_id
+    sink.batch(4, [99])
+    assert admin.sink_status(sink.handle()).open_exports == ()
 
 
 class _LostRegistrationReply(FaultyLog):

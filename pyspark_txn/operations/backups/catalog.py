@@ -40,9 +40,37 @@ INCOMPLETE = "incomplete"
 DELETED = "deleted"
 
 
-def part_name(backup_id: int) -> str:
-    """The name of a backup's part in each member's snapshot registry."""
-    return f"backup-{backup_id}"
+#: The largest backup id: the catalog stores ids as int64.
+MAX_ID = 2**63 - 1
+
+
+def check_id(backup_id: object) -> int:
+    """A backup id as given: a positive integer the catalog can store."""
+    if isinstance(backup_id, bool) or not isinstance(backup_id, int) or backup_id < 1:
+        raise ConfigError(f"backup id {backup_id!r}: must be a positive integer")
+    if backup_id > MAX_ID:
+        raise ConfigError(f"backup id {backup_id}: at most {MAX_ID} (2**63 - 1)")
+    return backup_id
+
+
+def part_name(backup_id: int, catalog_id: str) -> str:
+    """The name of a backup's part in each member's snapshot registry. It carries the
+    catalog's id (:func:`_catalog_id`): a take of the same id into another location (or
+    into a location wiped and created again) must never find another catalog's part."""
+    return f"backup-{backup_id}-{catalog_id}"
+
+
+def _catalog_id(dt: DeltaTable) -> str:
+    """The catalog's own id: its Delta table id (a uuid written when it was created)."""
+    return str(dt.metadata().id).replace("-", "")[:16]
+
+
+def _is_ours(location: str | None, to: str) -> bool:
+    """Whether a registered part's location lies inside this backup location ``to``."""
+    if not location:
+        return False
+    here = _fs.location_key(_fs.normalize_uri(to)).rstrip("/") + "/"
+    return _fs.location_key(_fs.normalize_uri(location)).startswith(here)
 
 
 # --- the catalog ------------------------------------------------------------------
@@ -196,8 +224,14 @@ def _owner_of(events: list[dict[str, Any]]) -> Mapping[str, Any] | None:
     return owners[-1] if owners else None
 
 
-def _part_location(to: str, backup_id: int, index: int) -> str:
-    return _fs.join(_fs.normalize_uri(to), str(backup_id), f"part-{index}")
+def _backup_dir(to: str, backup_id: int, catalog_id: str) -> str:
+    """``<to>/<id>-<catalog id>``: a catalog created again in a wiped ``to`` never writes
+    where a part of the old one is still registered."""
+    return _fs.join(_fs.normalize_uri(to), f"{backup_id}-{catalog_id}")
+
+
+def _part_location(to: str, backup_id: int, index: int, catalog_id: str) -> str:
+    return _fs.join(_backup_dir(to, backup_id, catalog_id), f"part-{index}")
 
 
 def _fault(point: str) -> None:

@@ -18,7 +18,7 @@ from .. import handle as admin
 
 @dataclass(frozen=True)
 class Member:
-    checkpoint: str  # as the user gave it
+    checkpoint: str  # an absolute URI (normalized before anything is stored)
     target: str  # the sink's Delta table
     sink_id: str
     reads: tuple[str | None, ...]  # per source: the table its txn-delta source reads
@@ -70,9 +70,15 @@ def consumed_version(offset: Any, where: str) -> int:
 def _members(
     queries: Sequence[str], reads: Mapping[str, Sequence[str | None]] | None
 ) -> list[Member]:
+    """The members, checkpoints as absolute URIs, with ``reads`` checked against each
+    query's sources (refused here, before an id is used or a catalog created)."""
     if isinstance(queries, str) or not queries:
         raise ConfigError("queries: give a non-empty list of checkpoint locations")
-    keys = [_fs.location_key(_fs.normalize_uri(q)) for q in queries]
+    for q in queries:
+        if not isinstance(q, str) or not q.strip():
+            raise ConfigError(f"queries: {q!r} is not a checkpoint location")
+    uris = [_fs.normalize_uri(q) for q in queries]
+    keys = [_fs.location_key(u) for u in uris]
     if len(set(keys)) != len(keys):
         raise ConfigError(f"queries: a checkpoint is listed twice: {list(queries)}")
     reads = dict(reads or {})
@@ -82,8 +88,8 @@ def _members(
             raise ConfigError(f"reads: {k!r} is not one of the queries {list(queries)}")
     read_of = {_fs.location_key(_fs.normalize_uri(k)): v for k, v in reads.items()}
     out = []
-    for q, k in zip(queries, keys, strict=True):
-        handle = admin.open_sink(q)
+    for q, uri, k in zip(queries, uris, keys, strict=True):
+        handle = admin.open_sink(uri)
         handle.require_delta("backups take")
         if handle.target_uri is None:
             raise ConfigError(f"query {q}: its sink has no committed batch yet: nothing to back up")
@@ -92,15 +98,75 @@ def _members(
             raise ConfigError(
                 f"reads[{q!r}]: give a list with one entry per source (a table path or None)"
             )
-        out.append(
-            Member(
-                q,
-                handle.target_uri,
-                handle.sink_id,
-                tuple(None if p is None else _fs.normalize_uri(p) for p in (got or ())),
-            )
+        member = Member(
+            uri,
+            handle.target_uri,
+            handle.sink_id,
+            tuple(None if p is None else _fs.normalize_uri(p) for p in (got or ())),
         )
+        _check_reads(member, handle)
+        out.append(member)
     return out
+
+
+def _latest_offsets(handle: admin.SinkHandle) -> Sequence[Any]:
+    state = handle.load()
+    if not state.records:
+        return ()
+    latest = max(state.records.values(), key=lambda r: r.snapshot_id)
+    return latest.source_offsets or ()
+
+
+def _check_reads(member: Member, handle: admin.SinkHandle) -> None:
+    """``reads`` against the query's sources, as its latest batch recorded them: one entry
+    per source at most; a table only for a ``txn-delta`` source, and then a Delta table
+    that has the version the source has read up to; every ``txn-delta`` source named.
+
+    The offsets of a ``txn-delta`` source do not name its table, so a wrong table that
+    exists and is far enough along (C declared as reading A when it reads B) cannot be
+    told from the right one: docs/backups.md says so."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    from ...storage import current
+
+    offsets = _latest_offsets(handle)
+    q = member.checkpoint
+    if len(member.reads) > len(offsets):
+        raise ConfigError(
+            f"reads[{q!r}]: {len(member.reads)} tables given, but the query has "
+            f"{len(offsets)} source(s) (its latest batch's offsets): give one entry per "
+            "source, in order ('-' / None for a source that is not txn-delta)"
+        )
+    for s, offset in enumerate(offsets):
+        table = member.reads[s] if s < len(member.reads) else None
+        if table is None:
+            if _is_delta_offset(offset):
+                raise ConfigError(
+                    f"query {q}: source {s} is a txn-delta source; say which table it reads "
+                    f"with reads={{{q!r}: [...]}} (--reads {q}=TABLE[,...]), so the backup "
+                    "can cut it consistently with that table's query"
+                )
+            continue
+        if not _is_delta_offset(offset):
+            raise ConfigError(
+                f"reads[{q!r}]: source {s} is not a txn-delta source (its offset is "
+                f"{json.dumps(offset, default=str)[:120]}), yet the table {table} is given "
+                "for it: give '-' (None) for it"
+            )
+        try:
+            version = DeltaTable(table, storage_options=current().for_delta()).version()
+        except TableNotFoundError:
+            raise ConfigError(
+                f"reads[{q!r}]: source {s} reads {table!r}, which is not a Delta table "
+                "(no _delta_log there)"
+            ) from None
+        consumed = int(_offset_dict(offset)["version"]) - 1  # type: ignore[index]
+        if consumed > version:
+            raise ConfigError(
+                f"reads[{q!r}]: source {s} has read version {consumed} of its table, but "
+                f"{table} is only at version {version}: it is not the table this source reads"
+            )
 
 
 def _graph(members: list[Member]) -> dict[int, list[tuple[int, int]]]:

@@ -15,10 +15,13 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 from ...storage import fs as _fs
 from .. import snapshots
+from ..handle import open_sink
+from ..snapshots.location import _relation
 from .catalog import (
     COMPLETED,
     DONE_FILE,
     RESTORE_MARKER,
+    _catalog_id,
     _fault,
     _open_catalog,
     _rows,
@@ -99,6 +102,7 @@ def restore(
     members = [
         Member.from_json(m) for m in (_started(_rows(dt), backup_id) or {})["body"]["members"]
     ]
+    _check_into(into, to, members, st)
     running = _running_queries(spark)
     for m in members:
         if _fs.location_key(_fs.normalize_uri(m.checkpoint)) in running:
@@ -161,7 +165,9 @@ def restore(
             p = _fs.join(root, f"part-{i}", sub)
             if fs.exists(p):
                 fs.rm(p, recursive=True)  # an unfinished earlier run of this restore
-        prepared = snapshots.prepare_query(m.checkpoint, part_name(backup_id), chk, path)
+        prepared = snapshots.prepare_query(
+            m.checkpoint, part_name(backup_id, _catalog_id(dt)), chk, path
+        )
         if reads:
             _rewrite_offsets(
                 chk, prepared.batch_id, {s: _next_version(paths[u]) for s, u in graph[i]}
@@ -174,6 +180,35 @@ def restore(
         _fault("exit_after_restore_part")
     order = {m.checkpoint: k for k, m in enumerate(members)}
     return sorted(out, key=lambda r: order[r.original])
+
+
+def _check_into(into: str, to: str, members: list[Member], st: Any) -> None:
+    """``into`` may not be, lie inside or contain the backup location, a member's target,
+    checkpoint or record table, or a part: a later ``delete`` of the backup (or of a
+    member's snapshots) would remove the restored pipeline with it, and a restore around
+    a live table would mix the two. Checked before anything is written."""
+    if not isinstance(into, str) or not into.strip():
+        raise ConfigError("into: must name a directory")
+    uri = _fs.normalize_uri(into)
+    places = [("the backup location", _fs.normalize_uri(to))]
+    for m, ms in zip(members, st.members, strict=True):
+        places.append((f"the target of query {m.checkpoint}", m.target))
+        places.append((f"the checkpoint of query {m.checkpoint}", m.checkpoint))
+        try:
+            places.append(
+                (f"the record table of query {m.checkpoint}", open_sink(m.checkpoint).record_table)
+            )
+        except Exception:  # its sink is unreadable: status/verify say so
+            pass
+        if ms.location:
+            places.append((f"the part of query {m.checkpoint}", ms.location))
+    for what, where in places:
+        how = _relation(uri, _fs.normalize_uri(where))
+        if how is not None:
+            raise ConfigError(
+                f"into={into!r}: {how} {what} ({where}); restore into a location of its own, "
+                "outside and not around the backups and the pipeline's tables and checkpoints"
+            )
 
 
 def _next_version(table: str) -> dict[str, Any]:

@@ -22,14 +22,18 @@ from .catalog import (
     IN_PROGRESS,
     INCOMPLETE,
     _append,
+    _backup_dir,
+    _catalog_id,
     _event,
     _events,
     _find_catalog,
+    _is_ours,
     _open_catalog,
     _owner_is_dead,
     _owner_of,
     _rows,
     _started,
+    check_id,
     part_name,
 )
 from .plan import (
@@ -91,7 +95,9 @@ def aggregate(states: Sequence[str]) -> str:
     return IN_PROGRESS
 
 
-def _status_from(rows: list[dict[str, Any]], backup_id: int, to: str) -> BackupStatus:
+def _status_from(
+    rows: list[dict[str, Any]], backup_id: int, to: str, catalog_id: str
+) -> BackupStatus:
     started = _started(rows, backup_id)
     if started is None:
         known = sorted({r["backup_id"] for r in rows if r["event"] == "started"})
@@ -113,7 +119,7 @@ def _status_from(rows: list[dict[str, Any]], backup_id: int, to: str) -> BackupS
         r["member"]: r["body"].get("reason") for r in events if r["event"] == "member_failed"
     }
     begun = {r["member"] for r in events if r["event"] == "member_started"}
-    name = part_name(backup_id)
+    name = part_name(backup_id, catalog_id)
     out = []
     for m in members:
         try:
@@ -122,7 +128,7 @@ def _status_from(rows: list[dict[str, Any]], backup_id: int, to: str) -> BackupS
             out.append(MemberStatus(m.checkpoint, FAILED, f"its sink cannot be read: {e}"))
             continue
         entry = registry.get(name)
-        if entry is not None:
+        if entry is not None and _is_ours(entry.location, to):
             out.append(
                 MemberStatus(
                     m.checkpoint,
@@ -166,8 +172,9 @@ def status(
     storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> BackupStatus:
     """Each member's part (doesNotExist | inProgress | completed | failed) and the whole."""
+    check_id(backup_id)
     dt = _open_catalog(to)
-    return _status_from(_rows(dt), backup_id, to)
+    return _status_from(_rows(dt), backup_id, to, _catalog_id(dt))
 
 
 show = status
@@ -185,7 +192,7 @@ def list_backups(
         return []
     rows = _rows(dt)
     ids = sorted({r["backup_id"] for r in rows if r["event"] == "started"})
-    return [_status_from(rows, i, to) for i in ids]
+    return [_status_from(rows, i, to, _catalog_id(dt)) for i in ids]
 
 
 # --- verify and delete ------------------------------------------------------------------
@@ -232,7 +239,7 @@ def verify(
                 f"{m.checkpoint}: part {ms.state}" + (f" ({ms.reason})" if ms.reason else "")
             )
             continue
-        check = snapshots.verify(m.checkpoint, part_name(backup_id))
+        check = snapshots.verify(m.checkpoint, part_name(backup_id, _catalog_id(dt)))
         checks.append(check)
         problems.extend(f"{m.checkpoint}: {p}" for p in check.problems)
     if not problems:
@@ -267,8 +274,8 @@ def delete(
         raise ConfigError(f"backup {backup_id} is being taken now; delete it once it has ended")
     for ms in st.members:
         if ms.state == COMPLETED:
-            snapshots.delete(ms.checkpoint, part_name(backup_id))
-    fs, root = _fs.filesystem(_fs.join(_fs.normalize_uri(to), str(backup_id)))
+            snapshots.delete(ms.checkpoint, part_name(backup_id, _catalog_id(dt)))
+    fs, root = _fs.filesystem(_backup_dir(to, backup_id, _catalog_id(dt)))
     if fs.exists(root):  # what dead takers left unregistered
         fs.rm(root, recursive=True)
     _append(dt, [_event(backup_id, "deleted", None, {})])

@@ -13,15 +13,19 @@ from ...storage import StorageOptions, takes_storage_options
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 from ...storage import fs as _fs
+from .. import handle as admin
 from .. import snapshots
+from ..snapshots.location import _relation
 from .catalog import (
     _LIVE,
     COMPLETED,
     _append,
+    _catalog_id,
     _catalog_uri,
     _event,
     _events,
     _fault,
+    _is_ours,
     _now,
     _open_catalog,
     _owner,
@@ -30,6 +34,7 @@ from .catalog import (
     _part_location,
     _rows,
     _started,
+    check_id,
     part_name,
 )
 from .plan import (
@@ -64,12 +69,11 @@ def take(
     Retrying the id of a backup whose taker died (kill -9) resumes it: parts already
     registered are kept, the others are taken consistently with them.
     """
-    if backup_id is not None and (
-        isinstance(backup_id, bool) or not isinstance(backup_id, int) or backup_id < 1
-    ):
-        raise ConfigError(f"backup id {backup_id!r}: must be a positive integer")
-    members = _members(queries, reads)
+    if backup_id is not None:
+        check_id(backup_id)
+    members = _members(queries, reads)  # reads checked against the sources
     _graph(members)  # a cycle is refused before an id is taken
+    _check_to(to, members)
     owner = _owner()
     _LIVE.add(owner["token"])
     try:
@@ -77,6 +81,44 @@ def take(
         return _take(to, backup_id, members, _graph(members), spark)
     finally:
         _LIVE.discard(owner["token"])
+
+
+#: The export's advice for a version VACUUM removed, and what a backup user does instead.
+_EXPORT_ADVICE = (
+    "Export a newer snapshot, and keep VACUUM's retention longer than the exports you may "
+    "still want"
+)
+_BACKUP_ADVICE = (
+    "Take a new backup (a new id) once the queries reading this table have caught up: "
+    "its part is cut at the version they consumed, so a lagging reader pins an old one; "
+    "and keep VACUUM's retention longer than the time a take needs"
+)
+
+
+def _backup_advice(message: str) -> str:
+    return message.replace(_EXPORT_ADVICE, _BACKUP_ADVICE)
+
+
+def _check_to(to: str, members: Sequence[Member]) -> None:
+    """``to`` may not be, lie inside or contain a member's target, checkpoint or record
+    table (a part there would be copied into the pipeline it backs up, and removed with
+    it): refused before the catalog is created or an id used."""
+    if not isinstance(to, str) or not to.strip():
+        raise ConfigError("to: must name a directory")
+    uri = _fs.normalize_uri(to)
+    for m in members:
+        handle = admin.open_sink(m.checkpoint)
+        for what, where in (
+            ("the target of", m.target),
+            ("the checkpoint of", m.checkpoint),
+            ("the record table of", handle.record_table),
+        ):
+            how = _relation(uri, _fs.normalize_uri(where))
+            if how is not None:
+                raise ConfigError(
+                    f"to={to!r}: {how} {what} query {m.checkpoint} ({where}); backups need a "
+                    "location outside and not around the pipeline's tables and checkpoints"
+                )
 
 
 def _allocate(
@@ -94,10 +136,11 @@ def _allocate(
             started = _started(rows, chosen)
             ended = {r["event"] for r in events} & {"failed", "deleted", "completed"}
             if started is None or ended:
+                # the last word on it: deleted over failed over completed
+                last = next((e for e in ("deleted", "failed", "completed") if e in ended), None)
                 raise ConfigError(
                     f"backup id {chosen}: ids must grow and are never reused; the highest so "
-                    f"far in {to} is {highest}"
-                    + (f" (backup {chosen} is {sorted(ended)[0]})" if ended else "")
+                    f"far in {to} is {highest}" + (f" (backup {chosen} is {last})" if last else "")
                 )
             if not _owner_is_dead(_owner_of(events)):
                 raise ConfigError(
@@ -137,13 +180,13 @@ def _allocate(
 def _take(
     to: str, backup_id: int, members: list[Member], ups: Any, spark: SparkSession | None
 ) -> BackupStatus:
-    name = part_name(backup_id)
+    dt = _open_catalog(to)
+    name = part_name(backup_id, _catalog_id(dt))
     done = {}
     for i, m in enumerate(members):
         registry = {n.name: n for n in snapshots.list_snapshots(m.checkpoint)}
-        if name in registry:
+        if name in registry and _is_ours(registry[name].location, to):
             done[i] = registry[name]
-    dt = _open_catalog(to)
     try:
         pins = _plan(members, ups, done)
     except (BackupError, ConfigError) as e:
@@ -159,13 +202,13 @@ def _take(
             snapshots.export(
                 m.checkpoint,
                 name,
-                _part_location(to, backup_id, i),
+                _part_location(to, backup_id, i, _catalog_id(dt)),
                 snapshot_id,
                 spark=spark,
                 replace_unfinished=False,
             )
         except Exception as e:
-            reason = f"{type(e).__name__}: {e}"
+            reason = f"{type(e).__name__}: {_backup_advice(str(e))}"
             _append(
                 dt,
                 [
@@ -175,7 +218,7 @@ def _take(
             )
             raise BackupError(
                 f"backup {backup_id}: the part of {m.checkpoint} (version {version} of "
-                f"{m.target}) could not be taken: {e}"
+                f"{m.target}) could not be taken: {_backup_advice(str(e))}"
             ) from e
         _fault("exit_after_part")
     result = status(backup_id, to)

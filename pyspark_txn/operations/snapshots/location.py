@@ -151,6 +151,35 @@ def _prepare_location(
             _describe_owner(marker.get("owner")),
         )
         _remove_export(fs, root, uri)
+        _withdraw_dead_export(handle, marker)
+
+
+def _withdraw_dead_export(handle: SinkHandle, marker: Mapping[str, Any]) -> None:
+    """Withdraw the snapshot id of the dead export whose partial copy was just removed,
+    if it is still open (allocated, never registered nor withdrawn): the export that
+    replaces it allocates its own, so status must not keep showing the old one."""
+    from ...state import fold_sink
+    from ...state.core import abandon
+
+    sid = marker.get("snapshot_id")
+    if not isinstance(sid, int):
+        return
+
+    def withdraw(s: SinkState) -> Any:
+        if (
+            sid not in s.allocations
+            or sid in s.abandoned
+            or sid in s.committed
+            or s.record_for_snapshot(sid) is not None
+            or any(n.snapshot_id == sid for n in s.named.values())
+        ):
+            return None
+        return abandon(s, sid, f"export {marker.get('name')!r}: its exporter died; replaced")
+
+    try:
+        handle.record_store().update(handle.sink_id, fold_sink, withdraw)
+    except Exception as e:  # noqa: BLE001 - status still shows it, with its remedy
+        log.warning("could not withdraw the dead export's snapshot id %s: %r", sid, e)
 
 
 def _check_name_free(state: SinkState, name: str, serving: bool = False) -> None:
