@@ -1,6 +1,7 @@
 """Backups of sinks driven without Spark (SinkDriver): where parts live, what is refused
 before anything is written, and the messages (issue 25's trial)."""
 
+import importlib
 import json
 import os
 import shutil
@@ -153,6 +154,11 @@ def test_messages_deleted_id_huge_id_and_vacuumed_files(sink, tmp_path):
     with pytest.raises(ConfigError, match=r"at most 9223372036854775807"):
         backups.status(2**63, to)
     assert backups.take(2**63 - 1, [sink.chk], to).state == "completed"
+    # every id used up (re-trial: an OverflowError traceback on every automatic take)
+    with pytest.raises(ConfigError, match="no backup id is left"):
+        backups.take(None, [sink.chk], to)
+    code, out, err = run_cli_process("backups", "take", sink.chk, "--to", to)
+    assert code == 2 and "no backup id is left" in err and "Traceback" not in err, err
     code, out, err = run_cli_process("backups", "take", str(2**64), sink.chk, "--to", to)
     assert code == 2 and "at most" in err and "Traceback" not in err
     code, out, err = run_cli_process("backups", "status", str(2**64), "--to", to)
@@ -165,3 +171,44 @@ def test_messages_deleted_id_huge_id_and_vacuumed_files(sink, tmp_path):
     with pytest.raises(BackupError) as e:
         backups.take(None, [sink.chk], other)
     assert "Take a new backup" in str(e.value) and "Export a newer snapshot" not in str(e.value)
+
+
+def test_a_resumed_restore_reads_on_from_the_version_it_restored(sink, tmp_path, monkeypatch):
+    """Re-trial of issue 25 (data loss): a restore killed after its upstream part, the
+    restored upstream query started (its table moves on), then the restore run again. The
+    reader's offsets pointed past the upstream table's version *now*, so the rows the
+    upstream wrote meanwhile were never read (silent gaps). They point past the version
+    the restore left."""
+    from deltalake import write_deltalake
+
+    restore_module = importlib.import_module("pyspark_txn.operations.backups.restore")
+
+    up_version = DeltaTable(sink.target).version()
+    b = _reader(tmp_path, sink, offsets=[_delta_offset(up_version + 1)])
+    to, into = str(tmp_path / "backups"), str(tmp_path / "restored")
+    assert backups.take(1, [sink.chk, b.chk], to, reads={b.chk: [sink.target]}).state == (
+        "completed"
+    )
+
+    class Killed(Exception):
+        pass
+
+    def killed_after_first_part(point):
+        raise Killed(point)
+
+    monkeypatch.setattr(restore_module, "_fault", killed_after_first_part)
+    with pytest.raises(Killed):
+        backups.restore(1, to, into)
+    monkeypatch.undo()
+    restored_up = os.path.join(into, "part-0", "table")
+    left_at = DeltaTable(restored_up).version()
+    # the user starts the restored upstream query: its table moves on
+    one_row = DeltaTable(restored_up).to_pyarrow_table().slice(0, 1)
+    write_deltalake(restored_up, one_row, mode="append")
+    assert DeltaTable(restored_up).version() == left_at + 1
+
+    (up, down) = backups.restore(1, to, into)
+    assert up.path == restored_up and down.reads == {0: restored_up}
+    with open(os.path.join(down.checkpoint, "offsets", str(down.batch_id))) as f:
+        offset = json.loads(f.read().split("\n")[2])
+    assert offset["version"] == left_at + 1, (offset, left_at)

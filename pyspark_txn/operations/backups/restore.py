@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ConfigError, CorruptSnapshotError
+from ...errors import BackupError, ConfigError, CorruptSnapshotError
 from ...storage import StorageOptions, current, takes_storage_options
 
 if TYPE_CHECKING:
@@ -151,6 +151,11 @@ def restore(
             f.write(json.dumps({"backup_id": backup_id, "to": _fs.normalize_uri(to)}))
     graph = _graph(members)
     paths = {i: _fs.join(into_uri, f"part-{i}", "table") for i in range(len(members))}
+    # Each restored table's version as the restore left it (kept in its done file): a
+    # reader's offsets point past it. Not the table's version now: after a killed restore
+    # the user may have started the upstream query already, and its new commits are
+    # exactly what the reader still has to read.
+    restored_version: dict[int, int] = {}
     out = []
     for i in reversed(_downstream_first(graph) or []):  # upstream first
         m, ms = members[i], st.members[i]
@@ -159,6 +164,14 @@ def restore(
         reads = {s: paths[u] for s, u in graph[i]}
         done_path = _fs.join(root, f"part-{i}", DONE_FILE)
         if fs.exists(done_path):
+            done = json.loads(fs.cat(done_path))
+            if "table_version" not in done:
+                raise BackupError(
+                    f"restore of backup {backup_id} into {into!r}: part {i} was restored "
+                    "by an older pyspark-txn that did not record its table's version; "
+                    "restore into a new location"
+                )
+            restored_version[i] = int(done["table_version"])
             out.append(Restored(m.checkpoint, chk, path, int(ms.batch_id or 0), reads))
             continue
         for sub in ("checkpoint", "table"):
@@ -170,12 +183,14 @@ def restore(
         )
         if reads:
             _rewrite_offsets(
-                chk, prepared.batch_id, {s: _next_version(paths[u]) for s, u in graph[i]}
+                chk,
+                prepared.batch_id,
+                {s: _next_version(restored_version[u]) for s, u in graph[i]},
             )
+        restored_version[i] = _table_version(path)
+        done = Restored(m.checkpoint, chk, path, prepared.batch_id, reads).to_json()
         with fs.open(done_path, "w") as f:
-            f.write(
-                json.dumps(Restored(m.checkpoint, chk, path, prepared.batch_id, reads).to_json())
-            )
+            f.write(json.dumps({**done, "table_version": restored_version[i]}))
         out.append(Restored(m.checkpoint, chk, path, prepared.batch_id, reads))
         _fault("exit_after_restore_part")
     order = {m.checkpoint: k for k, m in enumerate(members)}
@@ -211,10 +226,14 @@ def _check_into(into: str, to: str, members: list[Member], st: Any) -> None:
             )
 
 
-def _next_version(table: str) -> dict[str, Any]:
+def _table_version(table: str) -> int:
     from deltalake import DeltaTable
 
-    version = DeltaTable(table, storage_options=current().for_delta()).version()
+    return DeltaTable(table, storage_options=current().for_delta()).version()
+
+
+def _next_version(version: int) -> dict[str, Any]:
+    """The txn-delta source offset that reads on after everything of ``version``."""
     return {"index": 0, "snapshot": False, "version": version + 1}
 
 

@@ -19,6 +19,7 @@ from ..snapshots.location import _relation
 from .catalog import (
     _LIVE,
     COMPLETED,
+    MAX_ID,
     _append,
     _catalog_id,
     _catalog_uri,
@@ -130,6 +131,11 @@ def _allocate(
         dt = _open_catalog(to, create=True)
         rows = _rows(dt)
         highest = max((r["backup_id"] for r in rows), default=0)
+        if backup_id is None and highest >= MAX_ID:
+            raise ConfigError(
+                f"backups in {to}: no backup id is left (the highest so far is {highest}, "
+                "the largest id there is); take backups in a new location"
+            )
         chosen = highest + 1 if backup_id is None else backup_id
         if chosen <= highest:
             events = _events(rows, chosen)
