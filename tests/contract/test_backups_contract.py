@@ -212,3 +212,16 @@ def test_a_resumed_restore_reads_on_from_the_version_it_restored(sink, tmp_path,
     with open(os.path.join(down.checkpoint, "offsets", str(down.batch_id))) as f:
         offset = json.loads(f.read().split("\n")[2])
     assert offset["version"] == left_at + 1, (offset, left_at)
+
+
+def test_a_light_mode_member_is_refused_in_a_backups_words(sink, tmp_path):
+    """Re-trial: the refusal was the admin text ("nothing to inspect here")."""
+    from pyspark_txn.storage.checkpoint import persisted_sink_id
+
+    light = str(tmp_path / "light-chk")
+    persisted_sink_id(light, "light-sink", mode="light")  # as a light sink's first batch
+    to = str(tmp_path / "backups")
+    with pytest.raises(ConfigError, match="runs with mode=light.*snapshots mode") as e:
+        backups.take(1, [sink.chk, light], to)
+    assert "nothing to inspect" not in str(e.value)
+    assert _nothing_written(to)

@@ -13,6 +13,7 @@ from ...errors import BackupError, ConfigError
 if TYPE_CHECKING:
     pass
 from ...storage import fs as _fs
+from ...storage.checkpoint import read_sink_file
 from .. import handle as admin
 
 
@@ -89,6 +90,12 @@ def _members(
     read_of = {_fs.location_key(_fs.normalize_uri(k)): v for k, v in reads.items()}
     out = []
     for q, uri, k in zip(queries, uris, keys, strict=True):
+        if _runs_light(uri):
+            raise ConfigError(
+                f"query {q}: its sink runs with mode=light, which keeps no record table; a "
+                "backup's part is a named snapshot cut from the record table, so back up "
+                "only queries whose txn-delta sink runs in snapshots mode (the default)"
+            )
         handle = admin.open_sink(uri)
         handle.require_delta("backups take")
         if handle.target_uri is None:
@@ -338,3 +345,11 @@ def _plan(
                 )
         _check_sources(m, offsets_of[i])
     return pins
+
+
+def _runs_light(checkpoint: str) -> bool:
+    try:
+        kept = read_sink_file(checkpoint)
+    except (OSError, ValueError):
+        return False  # open_sink says what is wrong with it
+    return kept is not None and kept.get("mode") == "light"
