@@ -234,6 +234,24 @@ def _typed_fs_value(value: Any) -> Any:
     return value
 
 
+class _RepeatedKey(ValueError):
+    pass
+
+
+def _refuse_repeated_keys(where: str, option: str) -> Callable[[list[tuple[str, Any]]], dict]:
+    """json.loads keeps the last of two equal keys without a word: say so instead."""
+
+    def build(pairs: list[tuple[str, Any]]) -> dict:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise _RepeatedKey(key)
+            out[key] = value
+        return out
+
+    return build
+
+
 @dataclass(frozen=True)
 class StorageOptions:
     """Storage configuration parsed once: plain data, safe to pickle to executors.
@@ -263,7 +281,11 @@ class StorageOptions:
             parsed = dict(raw)
         else:
             try:
-                parsed = json.loads(raw)
+                parsed = json.loads(raw, object_pairs_hook=_refuse_repeated_keys(where, option))
+            except _RepeatedKey as e:
+                raise ConfigError(
+                    f"{where}: option {option} gives {e} twice; give each key once"
+                ) from None
             except ValueError as e:
                 raise ConfigError(
                     f"{where}: option {option} is not valid JSON ({e}); expected a JSON "

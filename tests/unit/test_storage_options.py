@@ -32,6 +32,8 @@ def test_keys_are_case_insensitive_and_booleans_typed():
         ('{"AWS_ENDPOINT_ULR": "x"}', "did you mean AWS_ENDPOINT_URL"),
         ('{"AWS_ALLOW_HTTP": "yes"}', "AWS_ALLOW_HTTP='yes': expected true or false"),
         ('{"AWS_REGION": "a", "region": "b"}', "gives aws_region twice"),
+        # the same spelling twice: json.loads kept the last one without a word (trial)
+        ('{"AWS_REGION": "a", "AWS_REGION": "b"}', "gives AWS_REGION twice"),
         ("{not json", "not valid JSON"),
         ('{"AWS_REGION": ["a"]}', "JSON object of string values"),
     ],
