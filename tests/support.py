@@ -5,8 +5,10 @@ an in-memory phase-2 target used only by pure unit tests of the protocol core.
 """
 
 import os
+import socket
 import subprocess
 import sys
+import time
 
 from pyspark_txn.errors import CheckpointMismatchError, CorruptSnapshotError
 from pyspark_txn.sinks.twophase import Target
@@ -139,3 +141,18 @@ def stop_process(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def wait_for_port(proc: subprocess.Popen, port: int, what: str, timeout_s: float = 30.0) -> None:
+    """Wait until a test server started as ``proc`` accepts connections on loopback
+    ``port``; stop it and raise if it exits or does not listen within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                stop_process(proc)
+                raise RuntimeError(f"{what} did not start") from None
+            time.sleep(0.1)

@@ -7,10 +7,9 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
-from support import stop_process
+from support import stop_process, wait_for_port
 
 #: Azurite's published development account key (not a secret).
 DEV_ACCOUNT = "devstoreaccount1"
@@ -47,16 +46,7 @@ class Azurite:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("azurite-blob did not start") from None
-                time.sleep(0.1)
+        wait_for_port(self.proc, self.port, "azurite-blob")
         self.endpoint = f"http://127.0.0.1:{self.port}/{DEV_ACCOUNT}"
         self.options = {
             "AZURE_STORAGE_ACCOUNT_NAME": DEV_ACCOUNT,

@@ -7,7 +7,6 @@ import logging
 import socket
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -20,7 +19,7 @@ pytest.importorskip("obstore", reason="obstore is not installed (s3 extra)")
 from azurite import DEV_ACCOUNT, DEV_KEY, Azurite, azurite_binary  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from gcs import FakeGcs, GcsXmlShim, fake_gcs_binary, free_port  # noqa: E402
-from support import stop_process  # noqa: E402
+from support import stop_process, wait_for_port  # noqa: E402
 
 KEY = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -188,16 +187,7 @@ def moto_apart(tmp_path_factory):
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("moto.server did not start") from None
-            time.sleep(0.1)
+    wait_for_port(proc, port, "moto.server")
     yield "127.0.0.1", port
     stop_process(proc)
     log.close()

@@ -20,13 +20,12 @@ import os
 import socket
 import subprocess
 import threading
-import time
 import urllib.parse
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from support import stop_process
+from support import stop_process, wait_for_port
 
 
 def free_port() -> int:
@@ -164,16 +163,11 @@ class FakeGcs:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("fake-gcs-server did not start") from None
-                time.sleep(0.1)
+        try:
+            wait_for_port(self.proc, self.port, "fake-gcs-server")
+        except RuntimeError:
+            self.log.close()
+            raise
 
     def create_bucket(self, name: str) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
