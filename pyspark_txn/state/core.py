@@ -198,6 +198,20 @@ def decide(
             )
         return Replay(done)
     last = state.last_record
+    if (
+        last is not None
+        and batch_id < last.batch_id
+        and state.summary_seq
+        and (state.records and batch_id < min(state.records))
+    ):
+        raise CheckpointMismatchError(
+            f"sink {state.sink_id!r}: Spark asks to commit batch {batch_id}, but the record "
+            f"table keeps records from batch {min(state.records)} on (older ones were "
+            f"summarized, retainSnapshots) and batch {last.batch_id} is recorded: either a "
+            "stale run of this query still commits an old attempt, or Spark's checkpoint "
+            "is older than the record table (restored or replaced). Its offsets cannot be "
+            "checked any more, so this is refused; restart the query from its own checkpoint."
+        )
     if last is not None and batch_id < last.batch_id:
         raise CheckpointMismatchError(
             f"sink {state.sink_id!r}: Spark asks to commit batch {batch_id}, but batch "
