@@ -209,12 +209,10 @@ def _check_into(into: str, to: str, members: list[Member], st: Any) -> None:
     for m, ms in zip(members, st.members, strict=True):
         places.append((f"the target of query {m.checkpoint}", m.target))
         places.append((f"the checkpoint of query {m.checkpoint}", m.checkpoint))
-        try:
-            places.append(
-                (f"the record table of query {m.checkpoint}", open_sink(m.checkpoint).record_table)
-            )
-        except Exception:  # its sink is unreadable: status/verify say so
-            pass
+        # an unreadable sink fails here, before anything is written (the restore needs
+        # its registry anyway)
+        record_table = open_sink(m.checkpoint).record_table
+        places.append((f"the record table of query {m.checkpoint}", record_table))
         if ms.location:
             places.append((f"the part of query {m.checkpoint}", ms.location))
     for what, where in places:
