@@ -10,6 +10,9 @@ temp dir and checkpoint, all fed by Spark's ``rate-micro-batch`` source with
   noop             Spark's noop sink: the baseline (source, planning, commit log)
   txn-delta        this package's two-phase transactional Delta sink
   txn-delta-light  the same with option mode=light (skipped if the sink refuses it)
+  count-only       a Python Arrow stream writer that only counts rows: the floor of
+                   any sink on Spark's Python data source path (tasks hand rows to a
+                   Python worker, the commit runs in another)
   foreachBatch     the hand-written alternative: toArrow() and delta-rs
                    write_deltalake, skipping batch ids already committed (app txn)
 
@@ -51,9 +54,15 @@ import threading
 import time
 from typing import Any
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+# Python workers unpickle the count-only sink by module name: let them import it
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_HERE, os.environ.get("PYTHONPATH")]))
+from sink_throughput import CountOnlySink  # noqa: E402
+
 log = logging.getLogger("small_batches")
 
-ALL_SINKS = ["noop", "txn-delta", "txn-delta-light", "foreachBatch"]
+ALL_SINKS = ["noop", "count-only", "txn-delta", "txn-delta-light", "foreachBatch"]
 DELTA_SINKS = {"txn-delta", "txn-delta-light", "foreachBatch"}
 APP_ID = "small-batches-bench"
 
@@ -278,6 +287,8 @@ def start_query(spark, sink: str, work: str, args, n_batches: int):
         return w.format("txn-delta").option("mode", "light").start(table)
     if sink == "foreachBatch":
         return w.foreachBatch(foreach_batch_to_delta(table)).start()
+    if sink == "count-only":
+        return w.format(CountOnlySink.name()).start()
     raise ValueError(f"unknown sink {sink!r}; known: {ALL_SINKS}")
 
 
@@ -584,6 +595,7 @@ def main(argv: list[str] | None = None) -> dict:
     spark = pyspark_txn.local_session(
         "bench-small-batches", **{"spark.ui.showConsoleProgress": "false"}
     )
+    spark.dataSource.register(CountOnlySink)
     try:
         jvm_pid: int | None = int(spark._jvm.java.lang.ProcessHandle.current().pid())
     except Exception:  # not a classic py4j session

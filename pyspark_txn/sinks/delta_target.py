@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import CheckpointMismatchError, ConfigError, CorruptSnapshotError
 from ..state import SnapshotRecord, TxnHandle
 from ..storage import fs as _fs
-from ..storage.delta_tables import open_table
+from ..storage.delta_tables import forget_table, open_table
 from ..storage.options import StorageOptions
 from .delta_target_schema import (  # noqa: F401 (re-exported: callers import them from here)
     CDF_COLUMNS,
@@ -277,13 +277,8 @@ class DeltaTarget(Target):
         markers. Folders marked only by task attempts whose files are all in
         ``committed`` are not listed: a task that finished has no other files.
         The attempt's own folders found (the fast path's) are added to ``own_folders``."""
-        committed = set(committed)
         prefix = data_file_prefix(self.sink_id, snapshot_id, token)
-        done_attempts = {
-            _folder_task_attempt(top) if top.startswith(prefix) else _file_task_attempt(name)
-            for h in committed
-            for top, name in [(h.split("/", 1)[0], os.path.basename(h))]
-        }
+        done_attempts = finished_task_attempts(committed, prefix)
         files: dict[str, int] = {}
         folders: set[str] = set()
         for rel, size in self._markers(snapshot_id, token).items():
@@ -594,7 +589,7 @@ class DeltaTarget(Target):
             post_commithook_properties=_NO_HOOKS(),
         )
         dt.update_incremental()
-        maintain_log(dt, self.uri)
+        maintain_log(dt, self.uri, self.storage_options)
         return dt
 
     def committed_version(self, record: SnapshotRecord) -> int | None:
@@ -667,7 +662,7 @@ def checkpoint_interval(config: Mapping[str, str]) -> int:
     return interval if interval > 0 else DEFAULT_CHECKPOINT_INTERVAL
 
 
-def maintain_log(dt, uri: str) -> None:
+def maintain_log(dt, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
     """After a commit of ours at ``dt.version()``: a checkpoint every
     ``delta.checkpointInterval`` versions, so that opening the table reads at most
     that many commit files (without one every open re-reads the whole log: on an
@@ -682,6 +677,8 @@ def maintain_log(dt, uri: str) -> None:
         return
     try:
         dt.create_checkpoint()
+        # this thread's next open starts at the new checkpoint (storage.delta_tables)
+        forget_table(uri, storage_options)
         if str(config.get("delta.enableExpiredLogCleanup", "true")).lower() != "false":
             dt.cleanup_metadata()
     except Exception as e:
@@ -707,6 +704,22 @@ def add_actions(txns: Sequence[TxnHandle]) -> list:
         )
         for t in txns
     ]
+
+
+def finished_task_attempts(committed: Iterable[str], prefix: str) -> set[str]:
+    """``<partition>-<attempt>`` of every task attempt that wrote a committed file:
+    a file under a folder of the attempt's own (the fast path's, named with
+    ``prefix``), or a file named with ``prefix`` in the table's folders (a flat
+    table's files are at the top, where the name itself starts with ``prefix``:
+    read as a folder, it named no attempt, and every commit listed the whole
+    table's folder)."""
+    return {
+        _folder_task_attempt(top)
+        if "/" in h and top.startswith(prefix)
+        else _file_task_attempt(os.path.basename(h))
+        for h in committed
+        for top in [h.split("/", 1)[0]]
+    }
 
 
 def _file_task_attempt(name: str) -> str:

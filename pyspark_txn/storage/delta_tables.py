@@ -13,6 +13,13 @@ Safety rules:
   is still the same file (size and mtime). A table that was deleted and
   created again has a different or missing file there, so it is reopened
   from scratch: catching up across a re-creation would mix two tables.
+- A cached table is opened afresh once it has caught up over
+  :data:`REBASE_AFTER` commits: delta-rs's ``update_incremental`` keeps the
+  log segment it opened with (it never moves to a newer checkpoint), and every
+  commit built on it replays that whole segment (measured, deltalake 1.6.6,
+  local disk: an append 3 ms on a fresh table, 44 ms 600 commits later on one
+  object with a checkpoint every 100; 4-11 ms when reopened at each
+  checkpoint). Writers that checkpoint call :func:`forget_table` right after.
 - On object stores that check is one HEAD of that commit file (through
   obstore, configured from the same delta-rs options: the same credentials;
   delta-rs's own file info would cost a LIST and a HEAD), its size and ETag. Opening
@@ -40,6 +47,10 @@ _LOCAL = threading.local()
 #: How old a cached table may be for ``open_table(refresh=False)``: far below the
 #: record table's log retention, so no log entry after it can have been cleaned up.
 STALE_OK_S = 5.0
+
+#: Commits a cached table may catch up over before it is opened afresh from the
+#: latest checkpoint (Delta's default checkpoint interval is 100).
+REBASE_AFTER = 100
 
 
 def _commit_file_marker(
@@ -118,8 +129,10 @@ def open_table(
     entry = cache.pop(key, None)
     dt = None
     if entry is not None:
-        cached, marker, read_at = entry
-        if marker is not None and _commit_file_marker(uri, marker[0], options) == marker:
+        cached, marker, read_at, base = entry
+        if cached.version() - base >= REBASE_AFTER:
+            pass  # a long log segment: open afresh from the latest checkpoint
+        elif marker is not None and _commit_file_marker(uri, marker[0], options) == marker:
             if not refresh and time.monotonic() - read_at < STALE_OK_S:
                 cache[key] = entry
                 return cached
@@ -134,7 +147,7 @@ def open_table(
                 # was put back to an older copy under us (reopen: it says so).
                 current = marker if version <= marker[0] else _commit_file_marker(uri, version)
                 if current is not None:
-                    cache[key] = (cached, current, time.monotonic())
+                    cache[key] = (cached, current, time.monotonic(), base)
                     return cached
             try:
                 cached.update_incremental()
@@ -142,18 +155,20 @@ def open_table(
             except Exception:  # the log changed under us in a way it cannot follow: reopen
                 dt = None
             if dt is not None and dt.version() == marker[0]:
-                cache[key] = (dt, marker, time.monotonic())  # no new commit: same marker
+                cache[key] = (dt, marker, time.monotonic(), base)  # no new commit: same marker
                 return dt
     if dt is None:
         try:
             dt = DeltaTable(uri, storage_options=options)
         except TableNotFoundError:
             return None
-    cache[key] = (dt, _commit_file_marker(uri, dt.version(), options), time.monotonic())
+        base = dt.version()
+    cache[key] = (dt, _commit_file_marker(uri, dt.version(), options), time.monotonic(), base)
     return dt
 
 
 def forget_table(uri: str, storage_options: Mapping[str, str] | None = None) -> None:
-    """Drop this thread's cached table: the next open reads the log from scratch."""
+    """Drop this thread's cached table: the next open reads the log from scratch (from
+    the latest checkpoint: call it after writing one)."""
     cache: dict = _LOCAL.__dict__.setdefault("tables", {})
     cache.pop((uri, tuple(sorted(dict(storage_options or {}).items()))), None)

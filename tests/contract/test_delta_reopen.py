@@ -93,3 +93,45 @@ def test_memoized_fold_restarts_on_a_recreated_table(tmp_path, new_count):
     state = store.load_sink("s")
     assert (state.query_id, state.next_seq) == ("q-new", new_count)
     assert state == fold_sink("s", fresh.read("s"))
+
+
+def test_a_cached_table_is_opened_afresh_after_a_long_catch_up(tmp_path, monkeypatch):
+    """delta-rs's catch-up keeps the log segment it opened with, and every commit on it
+    replays that segment: a commit cost grew with every batch (issue 26). After
+    REBASE_AFTER commits the table is opened again, from its latest checkpoint."""
+    from deltalake import DeltaTable
+
+    from pyspark_txn.storage import delta_tables
+
+    monkeypatch.setattr(delta_tables, "REBASE_AFTER", 3)
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [0]}))
+    first = open_table(uri)
+    for i in range(1, 3):
+        write_deltalake(uri, pa.table({"a": [i]}), mode="append")
+        assert open_table(uri) is first  # caught up in place
+    write_deltalake(uri, pa.table({"a": [3]}), mode="append")
+    assert open_table(uri) is first and first.version() == 3
+    DeltaTable(uri).create_checkpoint()
+    fresh = open_table(uri)  # 3 commits caught up: opened again
+    assert fresh is not first and fresh.version() == 3
+    assert sorted(pa.table(fresh.to_pyarrow_table())["a"].to_pylist()) == [0, 1, 2, 3]
+    assert open_table(uri) is fresh
+
+
+def test_our_checkpoint_makes_the_next_open_start_from_it(tmp_path):
+    """After the sink writes a target checkpoint, this thread's next open reads from it
+    instead of catching up the old segment further."""
+    from pyspark_txn.sinks.delta_target import maintain_log
+
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [0]}), configuration={"delta.checkpointInterval": "2"})
+    first = open_table(uri)
+    write_deltalake(uri, pa.table({"a": [1]}), mode="append")
+    write_deltalake(uri, pa.table({"a": [2]}), mode="append")
+    dt = open_table(uri)
+    assert dt is first and dt.version() == 2
+    maintain_log(dt, uri)  # version 2: a checkpoint is due
+    assert (tmp_path / "t" / "_delta_log" / "00000000000000000002.checkpoint.parquet").exists()
+    again = open_table(uri)
+    assert again is not first and again.version() == 2

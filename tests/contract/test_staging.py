@@ -111,3 +111,28 @@ def test_encoder_error_reaches_the_task(tmp_path):
     with pytest.raises(OSError):
         stage_partition(generate(0, 50_000, 0, 10_000), _config(tmp_path), 1, "tok", 0, schema)
     assert len(_stager_threads()) == before
+
+
+@pytest.mark.parametrize("partition_by", [(), ("p",)], ids=["flat", "partitioned"])
+def test_a_finished_task_attempt_is_known_by_its_committed_files(tmp_path, partition_by):
+    """A task attempt whose files are all committed has no other files: discarding
+    after the commit need not list the folders it wrote to. Files of a flat table
+    sit at the top, where their name starts with the attempt's prefix; read as one
+    of the fast path's folders they named no attempt, and every commit listed the
+    whole table's folder (issue 26)."""
+    from pyspark_txn.sinks.delta_target import finished_task_attempts
+    from pyspark_txn.sinks.fast_output import spark_folder
+
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("p", pa.string())])
+    batch = pa.record_batch([pa.array([1, 2]), pa.array(["a", "b"])], schema=schema)
+    cfg = _config(tmp_path, partition_by=partition_by)
+    handles = stage_partition([batch], cfg, 7, "tok", 3, schema)
+    stager_attempts = {"-".join(h.handle.rsplit("/", 1)[-1].rsplit("-", 3)[1:3]) for h in handles}
+    assert len(stager_attempts) == 1 and next(iter(stager_attempts)).startswith("00003-")
+    prefix = data_file_prefix("s1", 7, "tok")
+    assert finished_task_attempts([h.handle for h in handles], prefix) == stager_attempts
+    # the fast path's own folder: the attempt is in the folder's name
+    folder = spark_folder("s1", 7, "tok", "abcd1234")
+    assert finished_task_attempts([f"{folder}/part-00000-x.snappy.parquet"], prefix) == {
+        "00000-abcd1234"
+    }

@@ -248,6 +248,7 @@ class DeltaEventLog(EventLog):
             if version % self._checkpoint_every() == 0:
                 try:
                     dt.create_checkpoint()
+                    forget_table(self.uri, self.storage_options)  # reopen from it
                 except Exception as e:  # an optimisation only, as below
                     log.warning(
                         "record table %s: checkpoint at version %d failed: %r", self.uri, version, e
@@ -266,6 +267,7 @@ class DeltaEventLog(EventLog):
             # with one commit per event keeps one file per event forever. A reader
             # still listing the old files retries on the new ones (_all_events).
             dt.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
+            forget_table(self.uri, self.storage_options)  # reopen from the new checkpoint
         except Exception as e:  # an optimisation only: the events are already safe
             log.warning(
                 "record table %s: compaction at version %d failed: %r", self.uri, version, e
