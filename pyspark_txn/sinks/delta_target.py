@@ -93,12 +93,11 @@ class DeltaTarget(Target):
         return open_table(self.uri, self.storage_options, refresh=refresh)
 
     def committed_batch(self, sink_id: str) -> int | None:
-        dt = self.open()
-        return None if dt is None else dt.transaction_version(sink_id)
+        return _app_version(self.open(), self.uri, sink_id)
 
     def committed_batch_recent(self, sink_id: str) -> int | None:
-        dt = self.open(refresh=False)  # a deleted or re-created table is not the cached one
-        return None if dt is None else dt.transaction_version(sink_id)
+        # a deleted or re-created table is not the cached one
+        return _app_version(self.open(refresh=False), self.uri, sink_id)
 
     def location(self) -> str:
         return f"the table at {self.uri}"
@@ -460,7 +459,7 @@ class DeltaTarget(Target):
         """The table (None if there is none yet) and the version of this sink's app
         transaction when it already holds ``batch_id`` (None: not committed yet)."""
         dt = self.open()
-        done = None if dt is None else dt.transaction_version(self.sink_id)
+        done = _app_version(dt, self.uri, self.sink_id)
         return dt, (done if done is not None and done >= batch_id else None)
 
     def commit(self, record: SnapshotRecord) -> int | None:
@@ -474,6 +473,7 @@ class DeltaTarget(Target):
             # Not what this target verified last, moments ago before the record (the
             # steady path's commit): recovery, a replay, a retried phase 2.
             self.verify_staged(record.snapshot_id, record.token, record.txns)
+        before = None if dt is None else dt.version()
         dt = self._write_commit(
             dt,
             record.batch_id,
@@ -485,7 +485,11 @@ class DeltaTarget(Target):
                 "record_id": record.record_id,
             },
         )
-        return 0 if dt is None else self._own_commit(dt, record, record.batch_id)
+        if dt is None:
+            return 0
+        if before is not None and dt.version() == before + 1:
+            return before + 1  # the only commit since the one ours was built on: ours
+        return self._own_commit(dt, record, record.batch_id)
 
     def commit_batch(
         self,
@@ -580,6 +584,7 @@ class DeltaTarget(Target):
             dt.alter.add_columns(
                 [Field.from_arrow(stream_schema.field(c).with_nullable(True)) for c in added]
             )
+        before = dt.version()
         dt.create_write_transaction(
             adds,
             mode="append",
@@ -589,6 +594,8 @@ class DeltaTarget(Target):
             post_commithook_properties=_NO_HOOKS(),
         )
         dt.update_incremental()
+        if dt.version() == before + 1:  # ours is the only commit since: its txn is known
+            _app_versions()[(self.uri, self.sink_id)] = (dt, dt.version(), batch_id)
         maintain_log(dt, self.uri, self.storage_options)
         return dt
 
@@ -704,6 +711,33 @@ def add_actions(txns: Sequence[TxnHandle]) -> list:
         )
         for t in txns
     ]
+
+
+#: Per thread, (table uri, app id) -> (table object, its version, the app's version):
+#: delta-rs finds an app transaction's version by replaying the log since the checkpoint
+#: at every call (on an object store a GET of each of those commits).
+_APP_VERSIONS = threading.local()
+
+
+def _app_versions() -> dict[tuple[str, str], tuple[Any, int, int | None]]:
+    seen = getattr(_APP_VERSIONS, "seen", None)
+    if seen is None:
+        seen = _APP_VERSIONS.seen = {}
+    return seen
+
+
+def _app_version(dt, uri: str, app_id: str) -> int | None:
+    """``dt.transaction_version(app_id)``, asked once per table object and version."""
+    if dt is None:
+        return None
+    key = (uri, app_id)
+    seen = _app_versions().get(key)
+    version = dt.version()
+    if seen is not None and seen[0] is dt and seen[1] == version:
+        return seen[2]
+    done = dt.transaction_version(app_id)
+    _app_versions()[key] = (dt, version, done)
+    return done
 
 
 def finished_task_attempts(committed: Iterable[str], prefix: str) -> set[str]:

@@ -248,3 +248,53 @@ def test_a_remote_record_table_gets_a_checkpoint_every_ten_versions(s3, tmp_path
     assert _from_checkpoint_only(str(local), copy) == 20
     assert DeltaTable(copy).transaction_version("s") == 24
     assert [e.seq for e in DeltaEventLog(copy).read("s")] == list(range(25))
+
+
+def test_an_append_after_a_read_takes_its_seq_from_the_read(tmp_path, monkeypatch):
+    """delta-rs finds an app transaction's version by replaying the log since the
+    checkpoint at every call (on S3 a GET of each commit): an append right after the
+    read that made its event knows the stream's last seq from the events read."""
+    from support import allocated_event
+
+    from pyspark_txn.state import AppendRejected, DeltaEventLog
+
+    log = DeltaEventLog(str(tmp_path / "records"))
+    for seq in range(3):
+        log.append(allocated_event(seq))
+    asked: list[str] = []
+    replay = DeltaTable.transaction_version
+    monkeypatch.setattr(
+        DeltaTable, "transaction_version", lambda self, app: asked.append(app) or replay(self, app)
+    )
+    assert [e.seq for e in log.read("s")] == [0, 1, 2]
+    log.append(allocated_event(3))
+    log.append(allocated_event(4))  # after our own append: the cache has it too
+    with pytest.raises(AppendRejected):
+        log.append(allocated_event(4))  # a taken seq is still refused
+    assert asked == []
+    log.append(allocated_event(0, stream="new"))  # a stream with no events: delta-rs says
+    assert asked == ["new"]
+    assert [e.seq for e in log.read("s")] == [0, 1, 2, 3, 4]
+
+
+def test_phase_two_asks_delta_rs_for_the_sinks_txn_once_per_foreign_version(
+    tmp_path, monkeypatch
+):
+    """Phase 2 reads the sink's app transaction (is the batch there?) and then commits
+    it. Asked of the same table object at the same version, or after our own commit
+    was the only one, the answer is known; delta-rs is asked only when someone else
+    committed, and the version phase 2 reports is still the one carrying the batch."""
+    uri, staging, target = _sink(tmp_path)
+    _commit_batches(staging, target, [0, 1], "snapshots")  # created, then appended to
+    asked: list[str] = []
+    replay = DeltaTable.transaction_version
+    monkeypatch.setattr(
+        DeltaTable, "transaction_version", lambda self, app: asked.append(app) or replay(self, app)
+    )
+    _commit_batches(staging, target, [2, 3], "snapshots")
+    assert target.committed_batch(SINK) == 3
+    assert asked == []
+    write_deltalake(uri, pa.table({"id": pa.array([99], pa.int64())}), mode="append")  # foreign
+    assert target.committed_batch(SINK) == 3 and asked == [SINK]
+    history = {h["version"]: h for h in DeltaTable(uri).history()}
+    assert history[3]["pyspark_txn.batch_id"] == 3  # versions 1..3 are batches 1..3

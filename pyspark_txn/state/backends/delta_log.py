@@ -5,7 +5,8 @@ transaction ``txn(appId=stream, version=seq)``. The check ``txn version >= seq``
 is made on the same ``DeltaTable`` snapshot the commit is built on, so a racing
 writer with the same stream loses with ``CommitFailedError`` (measured on
 deltalake 1.6.6; a path string instead of the object would reload and lose the
-check). Small appends are compacted, checkpointed, vacuumed and their log
+check). The txn version comes from the events of that snapshot when they were
+just read (:meth:`_TableCache.last_seq`), else from delta-rs. Small appends are compacted, checkpointed, vacuumed and their log
 entries cleaned up every ``compact_every`` versions, and summarized history is
 deleted (:meth:`truncate`), so reads, commits and the folder stay small over
 any number of batches.
@@ -63,6 +64,27 @@ class _TableCache:
         paths = pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()
         self.listed = (dt, version, paths)
         return paths
+
+    def last_seq(self, dt, stream: str) -> int | None:
+        """The stream's last seq in ``dt`` from the cached events, if they are all of
+        ``dt`` at its version (the read before an append): else None.
+
+        Every append commits its event with ``txn(stream, seq)``, and deleting
+        summarized events keeps the summary (the newest), so the highest seq of the
+        stream's events is its app transaction's version. delta-rs finds that version
+        by replaying the log since the checkpoint at each call (on an object store a
+        GET of each of those commits); None (a stream with no events) asks it."""
+        with self.lock:
+            listed = self.listed
+            if listed is None or listed[0] is not dt or listed[1] != dt.version():
+                return None
+            seqs: list[int] = []
+            for f in listed[2]:
+                events = self.events.get(f)
+                if events is None:
+                    return None
+                seqs.extend(e.seq for e in events if e.stream == stream)
+            return max(seqs, default=None)
 
 
 _CACHES: dict[str, _TableCache] = {}
@@ -194,7 +216,9 @@ class DeltaEventLog(EventLog):
         if dt is None:
             self.create_if_missing()
             dt = self._open()
-        current = dt.transaction_version(event.stream)
+        current = self._cache().last_seq(dt, event.stream)
+        if current is None:
+            current = dt.transaction_version(event.stream)
         expected = 0 if current is None else current + 1
         if event.seq != expected:
             raise AppendRejected(
