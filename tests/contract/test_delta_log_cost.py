@@ -277,9 +277,7 @@ def test_an_append_after_a_read_takes_its_seq_from_the_read(tmp_path, monkeypatc
     assert [e.seq for e in log.read("s")] == [0, 1, 2, 3, 4]
 
 
-def test_phase_two_asks_delta_rs_for_the_sinks_txn_once_per_foreign_version(
-    tmp_path, monkeypatch
-):
+def test_phase_two_asks_delta_rs_for_the_sinks_txn_once_per_foreign_version(tmp_path, monkeypatch):
     """Phase 2 reads the sink's app transaction (is the batch there?) and then commits
     it. Asked of the same table object at the same version, or after our own commit
     was the only one, the answer is known; delta-rs is asked only when someone else
