@@ -6,8 +6,9 @@ is made on the same ``DeltaTable`` snapshot the commit is built on, so a racing
 writer with the same stream loses with ``CommitFailedError`` (measured on
 deltalake 1.6.6; a path string instead of the object would reload and lose the
 check). The txn version comes from the events of that snapshot when they were
-just read (:meth:`_TableCache.last_seq`), else from delta-rs. Small appends are compacted, checkpointed, vacuumed and their log
-entries cleaned up every ``compact_every`` versions, and summarized history is
+just read (:meth:`_TableCache.last_seq`), else from delta-rs. Small appends are
+compacted, checkpointed, vacuumed and their log entries cleaned up every
+``compact_every`` versions, and summarized history is
 deleted (:meth:`truncate`), so reads, commits and the folder stay small over
 any number of batches.
 
