@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 
 NO_CLAIM = offset_log_events.NO_OFFSET  # the offset before the first claim
 CLAIM_LOG_FOLDER = "pyspark_txn/claims"  # under the query's checkpoint
-IDS_PER_PARTITION = 5000
+IDS_PER_PARTITION = 50000
 MAX_ROUNDS = 1000  # broker calls per planning while they return only redeliveries
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -21,6 +22,7 @@ from .redis_rows import (
     _json_columns,
     _json_document,
     _row_converter,
+    fields_dict,
 )
 
 if TYPE_CHECKING:  # a type only: the options import this module (connect)
@@ -36,6 +38,31 @@ _FETCH_ROWS = 10_000  # messages per Arrow batch a read task yields
 def _entry_key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+def _in_order(entries: list[str]) -> list[str]:
+    """Entry ids sorted by (ms, seq); a claim's ids mostly are already (one sort check
+    of cheap tuples instead of a key function call per id)."""
+    keys = [(int(ms), int(seq or 0)) for ms, _, seq in (e.partition("-") for e in entries)]
+    if all(a < b for a, b in pairwise(keys)):
+        return entries
+    return [e for _, e in sorted(zip(keys, entries, strict=True))]
+
+
+def _raw_reply(response: Any, **options: Any) -> Any:
+    """XREADGROUP and XRANGE replies as Redis sent them: entries ``[id, [name, value,
+    ...]]`` with their fields flat, not one dict per entry (redis-py's parsing of those
+    cost more than the rest of a read task's Python work)."""
+    return response
+
+
+def _streams_of(reply: Any) -> list[tuple[bytes, list]]:
+    """(stream, entries) of an XREADGROUP reply, RESP2 (a list) or RESP3 (a map)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        return list(reply.items())
+    return [(r[0], r[1]) for r in reply]
 
 
 _PASSWORD_PARAM = re.compile(r"(?i)([?&]password=)[^&#]*")
@@ -94,7 +121,10 @@ class RedisBroker(Broker):
     @property
     def r(self):
         if self._client is None:
-            self._client = self.cfg.client()
+            client = self.cfg.client()
+            for command in ("XREADGROUP", "XRANGE"):
+                client.set_response_callback(command, _raw_reply)
+            self._client = client
         return self._client
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -170,7 +200,7 @@ class RedisBroker(Broker):
             block=block,
         )
         out: list[str] = []
-        for name, entries in res or []:
+        for name, entries in _streams_of(res):
             s = name.decode()
             out.extend(f"{s}/{e[0].decode()}" for e in entries)
             if self._targets is not None and (
@@ -260,7 +290,8 @@ class RedisBroker(Broker):
         return out
 
     def _ranges(self, ids: Sequence[str]) -> list[tuple[str, list]]:
-        """(id, entries) for each id, in order; entries is empty for an id the stream lacks.
+        """(id, entries) for each id, in order; entries is empty for an id the stream lacks,
+        else one ``[entry id, [name, value, ...]]`` as Redis sent it (:func:`_raw_reply`).
 
         A claim is mostly a run of consecutive entries, so each stream's ids are read
         sorted, ``_CHUNK`` at a time, with one ``XRANGE first last COUNT n`` each
@@ -270,19 +301,22 @@ class RedisBroker(Broker):
         """
         wanted = set(ids)
         found: dict[str, list] = {}
-        by_stream: dict[str, list[str]] = {}
-        for m in wanted:
+        by_stream: dict[str, dict[str, str]] = {}  # stream -> entry id -> message id
+        for m in dict.fromkeys(ids):  # in claim order: mostly sorted already
             s, entry = _split_id(m)
-            by_stream.setdefault(s, []).append(entry)
+            by_stream.setdefault(s, {})[entry] = m
         pipe = self.r.pipeline(transaction=False)
-        asked: list[str] = []
-        for s, entries in by_stream.items():
-            entries.sort(key=_entry_key)
+        asked: list[tuple[str, list[str], dict[str, str]]] = []
+        for s, names in by_stream.items():
+            entries = _in_order(list(names))
             for i in range(0, len(entries), _CHUNK):
                 chunk = entries[i : i + _CHUNK]
                 pipe.xrange(s, chunk[0], chunk[-1], count=len(chunk))
-                asked.append(s)
-        for s, got in zip(asked, self._call("XRANGE", pipe.execute), strict=True):
+                asked.append((s, chunk, names))
+        for (s, chunk, names), got in zip(asked, self._call("XRANGE", pipe.execute), strict=True):
+            if [e[0] for e in got] == [c.encode() for c in chunk]:  # the usual: a run
+                found.update(zip([names[c] for c in chunk], ([e] for e in got), strict=True))
+                continue
             for entry in got:
                 m = f"{s}/{entry[0].decode()}"
                 if m in wanted:
@@ -366,7 +400,8 @@ class RedisBroker(Broker):
             bad: dict[int, str] = {}
             for k, (m, entries) in enumerate(got):
                 try:
-                    rows.append(convert(m, _json_document(m, entries[0][1], json_field)))
+                    doc = _json_document(m, fields_dict(entries[0][1]), json_field)
+                    rows.append(convert(m, doc))
                 except BadMessageError as e:
                     bad[k] = e.reason
                     rows.append(None)

@@ -27,6 +27,15 @@ class BadMessageError(SourceError):
         return (type(self), (self.message_id, self.reason))
 
 
+def fields_dict(fields: Any) -> dict[bytes, bytes]:
+    """An entry's fields as Redis sent them (``[name, value, ...]``) as a dict; a name
+    given twice keeps its last value, as redis-py's parsing did."""
+    if isinstance(fields, dict):
+        return fields
+    it = iter(fields)
+    return dict(zip(it, it, strict=True))
+
+
 def _shown(raw: bytes) -> str:
     """Bytes that are not UTF-8 text, for messages."""
     return repr(raw[:40]) + ("..." if len(raw) > 40 else "")
@@ -57,12 +66,20 @@ def _fields_map(got: Sequence[tuple[str, list]], map_type: Any) -> tuple[Any, di
     text = pa.types.is_string(map_type.item_type)
 
     def build(skip: Mapping[int, str]) -> Any:
-        offsets, keys, values = [0], [], []
+        offsets: list[int] = [0]
+        keys: list[bytes] = []
+        values: list[bytes] = []
         for k, (_, entries) in enumerate(got):
             if k not in skip:
-                raw = entries[0][1]
-                keys.extend(raw.keys())
-                values.extend(raw.values())
+                flat = entries[0][1]
+                names = flat if isinstance(flat, dict) else flat[0::2]
+                if isinstance(flat, dict) or len(names) > 1 and len(set(names)) < len(names):
+                    raw = fields_dict(flat)  # a name given twice: its last value
+                    keys.extend(raw.keys())
+                    values.extend(raw.values())
+                else:
+                    keys.extend(names)
+                    values.extend(flat[1::2])
             offsets.append(len(keys))
         items = pa.array(values, pa.binary())
         return pa.MapArray.from_arrays(
@@ -79,7 +96,7 @@ def _fields_map(got: Sequence[tuple[str, list]], map_type: Any) -> tuple[Any, di
         pass  # some message is not UTF-8: find which, and leave them out
     bad = {}
     for k, (_, entries) in enumerate(got):
-        why = _not_text(entries[0][1], text)
+        why = _not_text(fields_dict(entries[0][1]), text)
         if why is not None:
             bad[k] = why
     return build(bad), bad
@@ -152,7 +169,7 @@ def _bad_message_column(
         return pa.nulls(len(got), bad_type)
     values: list[dict[str, Any] | None] = [None] * len(got)
     for k, why in bad.items():
-        values[k] = {"error": why, "fields": list(got[k][1][0][1].items())}
+        values[k] = {"error": why, "fields": list(fields_dict(got[k][1][0][1]).items())}
     return pa.array(values, type=bad_type)
 
 
