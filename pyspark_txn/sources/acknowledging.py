@@ -49,6 +49,7 @@ here does everything else.
 from __future__ import annotations
 
 import logging
+import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,9 @@ log = logging.getLogger(__name__)
 NO_CLAIM = offset_log_events.NO_OFFSET  # the offset before the first claim
 CLAIM_LOG_FOLDER = "pyspark_txn/claims"  # under the query's checkpoint
 IDS_PER_PARTITION = 50000
+# A read task carries what the claim received up to this size (pickled); a larger one
+# fetches by id, so a task stays far below Spark's RPC message limit.
+RECEIVED_BYTES_PER_PARTITION = 16 << 20
 MAX_ROUNDS = 1000  # broker calls per planning while they return only redeliveries
 
 
@@ -94,6 +98,16 @@ class Broker(ABC):
     @abstractmethod
     def ack(self, ids: Sequence[str]) -> None:
         """Acknowledge these messages (idempotent: acking twice is harmless)."""
+
+    def received(self, ids: Sequence[str]) -> Any | None:
+        """What the deliveries of ``ids`` carried, if this connection received every one
+        of them (``claim``/``reclaim``) and still holds it: picklable, handed to the read
+        task instead of a fetch. They leave the connection. None (the default): fetch."""
+        return None
+
+    def fetch_received(self, ids: Sequence[str], received: Any, arrow_schema) -> Iterator[Any]:
+        """Like :meth:`fetch`, from what :meth:`received` returned (no broker call)."""
+        raise NotImplementedError
 
     def open(self, claimed: Sequence[str] = ()) -> None:  # noqa: B027 - optional
         """Connect and create what the source needs (a consumer group); errors name it.
@@ -556,10 +570,14 @@ class ClaimCoordinator:
 
 
 class ClaimedIds(InputPartition):
-    """One read task: message ids of a claim range (all the executor needs)."""
+    """One read task: message ids of a claim range, and (pickled) what their deliveries
+    carried when the driver still holds it: the task then reads nothing from the broker.
+    Messages never change once delivered, so both give the same rows; a replay in a new
+    process has only the ids and fetches by id."""
 
-    def __init__(self, ids: list[str]) -> None:
+    def __init__(self, ids: list[str], received: bytes | None = None) -> None:
         self.ids = ids
+        self.received = received
 
 
 class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -657,13 +675,27 @@ class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         lo, hi = self._claim_of(start), self._claim_of(end)
         check_batch_order(self.fmt, lo, hi)
         self._last = hi
-        ids = self.coordinator().ids(lo, hi)
-        return [ClaimedIds(chunk) for chunk in self.broker_config.split(ids) if chunk]
+        c = self.coordinator()
+        ids = c.ids(lo, hi)
+        parts = []
+        for chunk in self.broker_config.split(ids):
+            if chunk:
+                got = c.broker.received(chunk)
+                packed = None if got is None else pickle.dumps(got, pickle.HIGHEST_PROTOCOL)
+                if packed is not None and len(packed) > RECEIVED_BYTES_PER_PARTITION:
+                    packed = None  # too big to ship in a task: the task fetches by id
+                parts.append(ClaimedIds(chunk, packed))
+        return parts
 
     def read(self, partition: ClaimedIds):  # type: ignore[override]  # our partitions
         broker = self.broker_config.connect()
         try:
-            yield from broker.fetch(partition.ids, self.arrow_schema)
+            received = getattr(partition, "received", None)
+            if received is None:
+                yield from broker.fetch(partition.ids, self.arrow_schema)
+            else:
+                got = pickle.loads(received)  # noqa: S301 - made by partitions(), this query
+                yield from broker.fetch_received(partition.ids, got, self.arrow_schema)
         finally:
             broker.close()
 

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 1000  # ids per pipelined round trip
 _FETCH_ROWS = 10_000  # messages per Arrow batch a read task yields
+# What a claim received is kept (driver) for the read tasks of its batch up to this many
+# messages; beyond it (a batch never planned in this process) the tasks fetch by id.
+_KEEP_RECEIVED = 2_000_000
 
 
 def _entry_key(entry_id: str) -> tuple[int, int]:
@@ -117,6 +120,9 @@ class RedisBroker(Broker):
         self._drained: set[str] = set()
         self._cursors: dict[str, str] = {}
         self._turn = 0
+        # message id -> fields of the deliveries this connection received, until their
+        # read task takes them or they are acked (see received)
+        self._received: dict[str, dict] = {}
 
     @property
     def r(self):
@@ -200,9 +206,15 @@ class RedisBroker(Broker):
             block=block,
         )
         out: list[str] = []
+        keep = self._received
         for name, entries in _streams_of(res):
             s = name.decode()
-            out.extend(f"{s}/{e[0].decode()}" for e in entries)
+            ids = [f"{s}/{e[0].decode()}" for e in entries]
+            out.extend(ids)
+            if len(keep) < _KEEP_RECEIVED:
+                for m, e in zip(ids, entries, strict=True):
+                    if e[1]:
+                        keep[m] = e[1]
             if self._targets is not None and (
                 len(entries) < count
                 or (entries and _entry_key(entries[-1][0].decode()) >= self._targets[s])
@@ -286,8 +298,21 @@ class RedisBroker(Broker):
             )
             cursor, entries = res[0], res[1]
             self._cursors[s] = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
-            out.extend(f"{s}/{e[0].decode()}" for e in entries if e and e[1])
+            for e in entries:
+                if e and e[1]:
+                    m = f"{s}/{e[0].decode()}"
+                    out.append(m)
+                    if len(self._received) < _KEEP_RECEIVED:
+                        self._received[m] = e[1]
         return out
+
+    def received(self, ids: Sequence[str]) -> list[Any] | None:
+        """The fields of ``ids`` as ``XREADGROUP``/``XAUTOCLAIM`` handed them to this
+        connection, if it holds every one (they leave it); None: fetch by id."""
+        keep = self._received
+        if not all(m in keep for m in ids):
+            return None
+        return [keep.pop(m) for m in ids]
 
     def _ranges(self, ids: Sequence[str]) -> list[tuple[str, list]]:
         """(id, entries) for each id, in order; entries is empty for an id the stream lacks,
@@ -343,6 +368,7 @@ class RedisBroker(Broker):
     def ack(self, ids: Sequence[str]) -> None:
         by_stream: dict[str, list[str]] = {}
         for m in ids:
+            self._received.pop(m, None)
             s, entry = _split_id(m)
             by_stream.setdefault(s, []).append(entry)
         pipe = self.r.pipeline(transaction=False)
@@ -354,21 +380,40 @@ class RedisBroker(Broker):
     # --- executor call -------------------------------------------------------------
 
     def fetch(self, ids: Sequence[str], arrow_schema) -> Iterator[Any]:
+        def chunks() -> Iterator[list[tuple[str, list]]]:
+            for i in range(0, len(ids), _FETCH_ROWS):
+                got = self._ranges(ids[i : i + _FETCH_ROWS])
+                gone = [m for m, entries in got if not entries]
+                if gone:
+                    raise SourceError(
+                        f"{FORMAT}: {len(gone)} claimed messages no longer exist at "
+                        f"{_safe_url(self.cfg.url)} (deleted or trimmed before their batch "
+                        f"was read), e.g. {gone[:5]}: a replay cannot read them again; keep "
+                        "unacknowledged entries in the stream (trim only acknowledged ones)"
+                    )
+                yield got
+
+        return self._batches(chunks(), arrow_schema)
+
+    def fetch_received(self, ids: Sequence[str], received: Any, arrow_schema) -> Iterator[Any]:
+        """The rows of ``ids`` from the entries the claim received (no Redis call): an
+        entry never changes, so they are what ``XRANGE`` would return."""
+
+        def chunks() -> Iterator[list[tuple[str, list]]]:
+            for i in range(0, len(ids), _FETCH_ROWS):
+                part = zip(ids[i : i + _FETCH_ROWS], received[i : i + _FETCH_ROWS], strict=True)
+                yield [(m, [(_split_id(m)[1], fields)]) for m, fields in part]
+
+        return self._batches(chunks(), arrow_schema)
+
+    def _batches(self, chunks: Iterable[list[tuple[str, list]]], arrow_schema) -> Iterator[Any]:
+        """Arrow record batches of fetched entries, ``(message id, [(entry id, fields)])``."""
         import pyarrow as pa
 
         payload = list(arrow_schema)[2:]
         bad_type = payload.pop().type if self.cfg.bad_message_column is not None else None
         build = self._payload_builder(payload)
-        for i in range(0, len(ids), _FETCH_ROWS):
-            got = self._ranges(ids[i : i + _FETCH_ROWS])
-            gone = [m for m, entries in got if not entries]
-            if gone:
-                raise SourceError(
-                    f"{FORMAT}: {len(gone)} claimed messages no longer exist at "
-                    f"{_safe_url(self.cfg.url)} (deleted or trimmed before their batch was "
-                    f"read), e.g. {gone[:5]}: a replay cannot read them again; keep "
-                    "unacknowledged entries in the stream (trim only acknowledged ones)"
-                )
+        for got in chunks:
             streams, entry_ids = [], []
             for m, _ in got:
                 s, entry = _split_id(m)
