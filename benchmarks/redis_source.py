@@ -206,6 +206,96 @@ def breakdown(folder: str) -> None:
         )
 
 
+def floor_source():
+    """A Python streaming source of the same rows as the stream (``stream, id, fields``),
+    ``per-batch`` rows a batch in two read tasks, with no broker behind it: what Spark's
+    Python data source path costs by itself (the floor under ``txn-redis``)."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class Range(InputPartition):
+        def __init__(self, lo: int, hi: int) -> None:
+            self.lo, self.hi = lo, hi
+
+    class Reader(DataSourceStreamReader):
+        def __init__(self, options) -> None:
+            self.total = int(options["total"])
+            self.per_batch = int(options["perBatch"])
+
+        def initialOffset(self):
+            return {"n": 0}
+
+        def latestOffset(self, start=None, limit=None):
+            n = 0 if start is None else start["n"]
+            return {"n": min(self.total, n + self.per_batch)}
+
+        def partitions(self, start, end):
+            lo, hi = start["n"], end["n"]
+            mid = (lo + hi) // 2
+            return [Range(lo, mid), Range(mid, hi)]
+
+        def read(self, partition):
+            for lo in range(partition.lo, partition.hi, 10_000):
+                hi = min(partition.hi, lo + 10_000)
+                n = hi - lo
+                keys, values = [], []
+                for i in range(lo, hi):
+                    keys += ("n", "user", "amount")
+                    values += (str(i), f"u{i % 97}", f"{i * 1.5:.2f}")
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        pa.array([STREAM] * n, pa.string()),
+                        pa.array([f"{1_700_000_000_000 + i}-0" for i in range(lo, hi)]),
+                        pa.MapArray.from_arrays(
+                            pa.array(range(0, 3 * n + 1, 3), pa.int32()),
+                            pa.array(keys, pa.string()),
+                            pa.array(values, pa.string()),
+                        ),
+                    ],
+                    schema=SCHEMA,
+                )
+
+        def commit(self, end) -> None:
+            pass
+
+    class Floor(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "redis-bench-floor"
+
+        def schema(self) -> str:
+            return "stream string, id string, fields map<string,string>"
+
+        def streamReader(self, schema):
+            return Reader(self.options)
+
+    return Floor
+
+
+def floor(spark, n: int, per_batch: int, base: str, sink: str) -> tuple[float, dict[str, float]]:
+    """Seconds for ``n`` rows from :func:`floor_source` into ``sink`` (txn-delta or noop)."""
+    t0 = time.perf_counter()
+    w = (
+        spark.readStream.format("redis-bench-floor")
+        .option("total", n)
+        .option("perBatch", per_batch)
+        .load()
+        .writeStream.format(sink)
+        .option("checkpointLocation", f"{base}/chk-{sink}")
+        .trigger(availableNow=True)
+    )
+    if sink == "txn-delta":
+        w = w.option("path", f"{base}/target")
+    q = w.start()
+    q.awaitTermination()
+    took = time.perf_counter() - t0
+    steps: dict[str, list[int]] = {}
+    for p in q.recentProgress:
+        if p["numInputRows"]:
+            for k, v in p["durationMs"].items():
+                steps.setdefault(k, []).append(v)
+    return took, {k: statistics.median(v) for k, v in steps.items()}
+
+
 def check(target: str, n: int) -> None:
     ids = DeltaTable(target).to_pyarrow_table(columns=["id"]).column("id")
     if len(ids) != n or len(set(ids.to_pylist())) != n:
@@ -219,6 +309,11 @@ def main() -> None:
     p.add_argument("--profile", metavar="DIR", help="time each step (benchmarks/redis_profile)")
     p.add_argument("--cprofile", action="store_true", help="with --profile: cProfile each task")
     p.add_argument("--no-loop", action="store_true", help="skip the hand-written loop")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run the same rows from a brokerless Python source into txn-delta and noop",
+    )
     args = p.parse_args()
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
@@ -284,6 +379,17 @@ def main() -> None:
             )
         if args.profile:
             breakdown(args.profile)
+        if args.floor:
+            spark.dataSource.register(floor_source())
+            for sink in ("noop", "txn-delta"):
+                took, fsteps = floor(spark, n, args.per_batch, f"{root}/floor", sink)
+                print(
+                    f"floor: brokerless Python source -> {sink}: {took:.1f} s, "
+                    f"{n / took:,.0f} rows/s"
+                    + (f", {t_loop / took:.2f}x the hand-written loop" if t_loop else "")
+                    + "; median ms per batch: "
+                    + ", ".join(f"{k} {v:.0f}" for k, v in sorted(fsteps.items()))
+                )
         spark.stop()
     finally:
         proc.terminate()
