@@ -52,6 +52,16 @@ def _in_order(entries: list[str]) -> list[str]:
     return [e for _, e in sorted(zip(keys, entries, strict=True))]
 
 
+def _stream_and_entry(ids: Sequence[str]) -> list[Any]:
+    """The ``stream`` and ``id`` columns of message ids ``<stream>/<entry id>`` (split at
+    the last ``/``, in Arrow rather than per id in Python)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parts = pc.extract_regex(pa.array(ids, pa.string()), r"(?s)^(?P<s>.*)/(?P<e>[^/]*)$")
+    return [parts.field("s"), parts.field("e")]
+
+
 def _raw_reply(response: Any, **options: Any) -> Any:
     """XREADGROUP and XRANGE replies as Redis sent them: entries ``[id, [name, value,
     ...]]`` with their fields flat, not one dict per entry (redis-py's parsing of those
@@ -380,7 +390,7 @@ class RedisBroker(Broker):
     # --- executor call -------------------------------------------------------------
 
     def fetch(self, ids: Sequence[str], arrow_schema) -> Iterator[Any]:
-        def chunks() -> Iterator[list[tuple[str, list]]]:
+        def chunks() -> Iterator[tuple[Sequence[str], list[Any]]]:
             for i in range(0, len(ids), _FETCH_ROWS):
                 got = self._ranges(ids[i : i + _FETCH_ROWS])
                 gone = [m for m, entries in got if not entries]
@@ -391,7 +401,7 @@ class RedisBroker(Broker):
                         f"was read), e.g. {gone[:5]}: a replay cannot read them again; keep "
                         "unacknowledged entries in the stream (trim only acknowledged ones)"
                     )
-                yield got
+                yield [m for m, _ in got], [entries[0][1] for _, entries in got]
 
         return self._batches(chunks(), arrow_schema)
 
@@ -399,53 +409,50 @@ class RedisBroker(Broker):
         """The rows of ``ids`` from the entries the claim received (no Redis call): an
         entry never changes, so they are what ``XRANGE`` would return."""
 
-        def chunks() -> Iterator[list[tuple[str, list]]]:
+        def chunks() -> Iterator[tuple[Sequence[str], list[Any]]]:
             for i in range(0, len(ids), _FETCH_ROWS):
-                part = zip(ids[i : i + _FETCH_ROWS], received[i : i + _FETCH_ROWS], strict=True)
-                yield [(m, [(_split_id(m)[1], fields)]) for m, fields in part]
+                yield ids[i : i + _FETCH_ROWS], received[i : i + _FETCH_ROWS]
 
         return self._batches(chunks(), arrow_schema)
 
-    def _batches(self, chunks: Iterable[list[tuple[str, list]]], arrow_schema) -> Iterator[Any]:
-        """Arrow record batches of fetched entries, ``(message id, [(entry id, fields)])``."""
+    def _batches(
+        self, chunks: Iterable[tuple[Sequence[str], list[Any]]], arrow_schema
+    ) -> Iterator[Any]:
+        """Arrow record batches of fetched entries: message ids and, for each, its fields as
+        Redis sent them (``[name, value, ...]``)."""
         import pyarrow as pa
 
         payload = list(arrow_schema)[2:]
         bad_type = payload.pop().type if self.cfg.bad_message_column is not None else None
         build = self._payload_builder(payload)
-        for got in chunks:
-            streams, entry_ids = [], []
-            for m, _ in got:
-                s, entry = _split_id(m)
-                streams.append(s)
-                entry_ids.append(entry)
-            cols = [pa.array(streams, pa.string()), pa.array(entry_ids, pa.string())]
-            payload_cols, bad = build(got)
+        for ids, fields in chunks:
+            cols = _stream_and_entry(ids)
+            payload_cols, bad = build(ids, fields)
             cols.extend(payload_cols)
             if bad:
-                self._bad_messages(got, bad)
+                self._bad_messages(ids, bad)
             if bad_type is not None:
-                cols.append(_bad_message_column(got, bad, bad_type))
+                cols.append(_bad_message_column(fields, bad, bad_type))
             yield pa.RecordBatch.from_arrays(cols, schema=arrow_schema)
 
-    def _payload_builder(self, payload: list) -> Callable[[Sequence[tuple[str, list]]], Any]:
+    def _payload_builder(self, payload: list) -> Callable[[Sequence[str], list[Any]], Any]:
         """From fetched entries to (payload columns, {row: why it is a bad message})."""
         if self.cfg.payload_format != "json":
 
-            def fields(got: Sequence[tuple[str, list]]) -> tuple[list[Any], dict[int, str]]:
-                column, bad = _fields_map(got, payload[0].type)
+            def fields_map(ids: Sequence[str], fields: list[Any]) -> tuple[list[Any], dict]:
+                column, bad = _fields_map(fields, payload[0].type)
                 return [column], bad
 
-            return fields
+            return fields_map
         convert = _row_converter(payload, self.cfg.required_columns)
         json_field = self.cfg.json_field
 
-        def build(got: Sequence[tuple[str, list]]) -> tuple[list[Any], dict[int, str]]:
+        def build(ids: Sequence[str], fields: list[Any]) -> tuple[list[Any], dict[int, str]]:
             rows: list[list[Any] | None] = []
             bad: dict[int, str] = {}
-            for k, (m, entries) in enumerate(got):
+            for k, (m, f) in enumerate(zip(ids, fields, strict=True)):
                 try:
-                    doc = _json_document(m, fields_dict(entries[0][1]), json_field)
+                    doc = _json_document(m, fields_dict(f), json_field)
                     rows.append(convert(m, doc))
                 except BadMessageError as e:
                     bad[k] = e.reason
@@ -454,10 +461,10 @@ class RedisBroker(Broker):
 
         return build
 
-    def _bad_messages(self, got: Sequence[tuple[str, list]], bad: Mapping[int, str]) -> None:
+    def _bad_messages(self, ids: Sequence[str], bad: Mapping[int, str]) -> None:
         """badMessages=fail: the first bad message fails the batch; column: a log line."""
         first = min(bad)
-        m, why = got[first][0], bad[first]
+        m, why = ids[first], bad[first]
         more = f" (and {len(bad) - 1} more in this read task)" if len(bad) > 1 else ""
         if self.cfg.bad_message_column is None:
             raise SourceError(
@@ -469,7 +476,7 @@ class RedisBroker(Broker):
             "%s: %d of %d messages could not be read and became rows with %s set, e.g. %s: %s",
             FORMAT,
             len(bad),
-            len(got),
+            len(ids),
             self.cfg.bad_message_column,
             m,
             why,
