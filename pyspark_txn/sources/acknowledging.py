@@ -13,7 +13,8 @@ state module (``claim`` and ``acked`` events, :mod:`pyspark_txn.state.offset_log
   offset. A claim that was written but never reached Spark's offset log (a
   crash in between) lies beyond Spark's start at the next call and is served
   as the next batch instead of claiming anew.
-- ``partitions``/``read`` fetch exactly the claimed ids by id, so a replayed
+- ``partitions``/``read`` read exactly the claimed ids (by id, or from what the
+  claim received when the same process plans the batch), so a replayed
   batch reads the same messages (as long as the broker keeps them: an entry
   deleted before its batch was read is a :class:`SourceError`, never a skip).
 - **Acks** (at the broker, then an ``acked`` event) cover only claims of
@@ -312,6 +313,7 @@ class ClaimCoordinator:
         self.backlog: list[str] = []  # our pending deliveries that no claim holds
         self.bounded = False  # Trigger.AvailableNow
         self.asked_initial = False
+        self.acked_known = NO_CLAIM  # claims this process saw acknowledged in the log
 
     def state(self) -> OffsetLogState:
         return self.store.load_offsets(self.source_id)
@@ -360,6 +362,7 @@ class ClaimCoordinator:
         s = self.state()
         self.check_range(s, start)
         s = _ack_through(self.store, self.source_id, self.broker, s, start, self.faults)
+        self.acked_known = max(self.acked_known, s.acked_through)
         s = self._bound(s)
         if not self.recovered:
             s = self._recover(s)
@@ -378,9 +381,15 @@ class ClaimCoordinator:
         return _by_claim(s, start, end)
 
     def commit(self, end: int) -> None:
+        if end <= self.acked_known:
+            # Spark commits batch N after planning N+1, whose latest() acked through N
+            # already: nothing to do, and no claim-log read (acks only ever grow)
+            return
         s = self.state()
         self.check_range(s, end)
-        self._bound(_ack_through(self.store, self.source_id, self.broker, s, end, self.faults))
+        s = _ack_through(self.store, self.source_id, self.broker, s, end, self.faults)
+        self.acked_known = max(self.acked_known, s.acked_through)
+        self._bound(s)
 
     def _bound(self, s: OffsetLogState) -> OffsetLogState:
         """Summarize the claim log every so many events and delete what the summary
