@@ -220,13 +220,15 @@ def floor_source():
         def __init__(self, options) -> None:
             self.total = int(options["total"])
             self.per_batch = int(options["perBatch"])
+            self._last = 0
 
         def initialOffset(self):
             return {"n": 0}
 
         def latestOffset(self, start=None, limit=None):
-            n = 0 if start is None else start["n"]
-            return {"n": min(self.total, n + self.per_batch)}
+            n = self._last if start is None else start["n"]  # (no start: PySpark < 4.2)
+            self._last = min(self.total, n + self.per_batch)
+            return {"n": self._last}
 
         def partitions(self, start, end):
             lo, hi = start["n"], end["n"]
@@ -289,10 +291,14 @@ def floor(spark, n: int, per_batch: int, base: str, sink: str) -> tuple[float, d
     q.awaitTermination()
     took = time.perf_counter() - t0
     steps: dict[str, list[int]] = {}
+    rows = 0
     for p in q.recentProgress:
         if p["numInputRows"]:
+            rows += p["numInputRows"]
             for k, v in p["durationMs"].items():
                 steps.setdefault(k, []).append(v)
+    if rows != n:
+        raise SystemExit(f"floor -> {sink}: {rows} rows, expected {n}")
     return took, {k: statistics.median(v) for k, v in steps.items()}
 
 
