@@ -212,11 +212,15 @@ def floor_source():
     Python data source path costs by itself (the floor under ``txn-redis``)."""
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+    from pyspark_txn.sources._common import SupportsTriggerAvailableNow
+
     class Range(InputPartition):
         def __init__(self, lo: int, hi: int) -> None:
             self.lo, self.hi = lo, hi
 
-    class Reader(DataSourceStreamReader):
+    class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+        """Batches of ``perBatch`` rows (availableNow: one batch each, as txn-redis's)."""
+
         def __init__(self, options) -> None:
             self.total = int(options["total"])
             self.per_batch = int(options["perBatch"])
@@ -224,6 +228,14 @@ def floor_source():
 
         def initialOffset(self):
             return {"n": 0}
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            pass
+
+        def getDefaultReadLimit(self):
+            from pyspark_txn.sources._common import HAS_ADMISSION_CONTROL, ReadMaxRows
+
+            return ReadMaxRows(self.per_batch) if HAS_ADMISSION_CONTROL else None
 
         def latestOffset(self, start=None, limit=None):
             n = self._last if start is None else start["n"]  # (no start: PySpark < 4.2)
@@ -236,21 +248,32 @@ def floor_source():
             return [Range(lo, mid), Range(mid, hi)]
 
         def read(self, partition):
+            """10,000-row Arrow batches built with Arrow kernels (little Python per row)."""
+            import numpy as np
+            import pyarrow.compute as pc
+
+            names = pa.array(["n", "user", "amount"])
             for lo in range(partition.lo, partition.hi, 10_000):
-                hi = min(partition.hi, lo + 10_000)
-                n = hi - lo
-                keys, values = [], []
-                for i in range(lo, hi):
-                    keys += ("n", "user", "amount")
-                    values += (str(i), f"u{i % 97}", f"{i * 1.5:.2f}")
+                i = np.arange(lo, min(partition.hi, lo + 10_000))
+                n = len(i)
+                num = pc.cast(pa.array(i), pa.string())
+                ids = pc.binary_join_element_wise(
+                    pc.cast(pa.array(i + 1_700_000_000_000), pa.string()), "0", "-"
+                )
+                user = pc.binary_join_element_wise("u", pc.cast(pa.array(i % 97), pa.string()), "")
+                amount = pc.cast(pa.array(i * 1.5), pa.string())
+                r = np.arange(n)
+                values = pa.concat_arrays([num, user, amount]).take(
+                    np.stack([r, n + r, 2 * n + r], axis=1).ravel()
+                )
                 yield pa.RecordBatch.from_arrays(
                     [
                         pa.array([STREAM] * n, pa.string()),
-                        pa.array([f"{1_700_000_000_000 + i}-0" for i in range(lo, hi)]),
+                        ids,
                         pa.MapArray.from_arrays(
-                            pa.array(range(0, 3 * n + 1, 3), pa.int32()),
-                            pa.array(keys, pa.string()),
-                            pa.array(values, pa.string()),
+                            pa.array(np.arange(0, 3 * n + 1, 3), pa.int32()),
+                            names.take(np.tile([0, 1, 2], n)),
+                            values,
                         ),
                     ],
                     schema=SCHEMA,
