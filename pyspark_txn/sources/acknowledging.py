@@ -102,9 +102,9 @@ class Broker(ABC):
 
     def received(self, ids: Sequence[str]) -> Any | None:
         """What the deliveries of ``ids`` carried, if this connection received every one
-        of them (``claim``/``reclaim``) and still holds it: plain lists, dicts and bytes (it
-        travels marshalled), handed to the read
-        task instead of a fetch. They leave the connection. None (the default): fetch."""
+        of them (``claim``/``reclaim``) and still holds it: plain lists, dicts and bytes
+        (it travels marshalled), handed to the read task instead of a fetch. They leave
+        the connection. None (the default): fetch."""
         return None
 
     def fetch_received(self, ids: Sequence[str], received: Any, arrow_schema) -> Iterator[Any]:
