@@ -13,7 +13,8 @@ state module (``claim`` and ``acked`` events, :mod:`pyspark_txn.state.offset_log
   offset. A claim that was written but never reached Spark's offset log (a
   crash in between) lies beyond Spark's start at the next call and is served
   as the next batch instead of claiming anew.
-- ``partitions``/``read`` fetch exactly the claimed ids by id, so a replayed
+- ``partitions``/``read`` read exactly the claimed ids (by id, or from what the
+  claim received when the same process plans the batch), so a replayed
   batch reads the same messages (as long as the broker keeps them: an entry
   deleted before its batch was read is a :class:`SourceError`, never a skip).
 - **Acks** (at the broker, then an ``acked`` event) cover only claims of
@@ -49,6 +50,7 @@ here does everything else.
 from __future__ import annotations
 
 import logging
+import marshal
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,7 +69,10 @@ log = logging.getLogger(__name__)
 
 NO_CLAIM = offset_log_events.NO_OFFSET  # the offset before the first claim
 CLAIM_LOG_FOLDER = "pyspark_txn/claims"  # under the query's checkpoint
-IDS_PER_PARTITION = 5000
+IDS_PER_PARTITION = 50000
+# A read task carries what the claim received up to this size (marshalled); a larger one
+# fetches by id, so a task stays far below Spark's RPC message limit.
+RECEIVED_BYTES_PER_PARTITION = 16 << 20
 MAX_ROUNDS = 1000  # broker calls per planning while they return only redeliveries
 
 
@@ -94,6 +99,17 @@ class Broker(ABC):
     @abstractmethod
     def ack(self, ids: Sequence[str]) -> None:
         """Acknowledge these messages (idempotent: acking twice is harmless)."""
+
+    def received(self, ids: Sequence[str]) -> Any | None:
+        """What the deliveries of ``ids`` carried, if this connection received every one
+        of them (``claim``/``reclaim``) and still holds it: plain lists, dicts and bytes
+        (it travels marshalled), handed to the read task instead of a fetch. They leave
+        the connection. None (the default): fetch."""
+        return None
+
+    def fetch_received(self, ids: Sequence[str], received: Any, arrow_schema) -> Iterator[Any]:
+        """Like :meth:`fetch`, from what :meth:`received` returned (no broker call)."""
+        raise NotImplementedError
 
     def open(self, claimed: Sequence[str] = ()) -> None:  # noqa: B027 - optional
         """Connect and create what the source needs (a consumer group); errors name it.
@@ -298,6 +314,7 @@ class ClaimCoordinator:
         self.backlog: list[str] = []  # our pending deliveries that no claim holds
         self.bounded = False  # Trigger.AvailableNow
         self.asked_initial = False
+        self.acked_known = NO_CLAIM  # claims this process saw acknowledged in the log
 
     def state(self) -> OffsetLogState:
         return self.store.load_offsets(self.source_id)
@@ -346,6 +363,7 @@ class ClaimCoordinator:
         s = self.state()
         self.check_range(s, start)
         s = _ack_through(self.store, self.source_id, self.broker, s, start, self.faults)
+        self.acked_known = max(self.acked_known, s.acked_through)
         s = self._bound(s)
         if not self.recovered:
             s = self._recover(s)
@@ -364,9 +382,15 @@ class ClaimCoordinator:
         return _by_claim(s, start, end)
 
     def commit(self, end: int) -> None:
+        if end <= self.acked_known:
+            # Spark commits batch N after planning N+1, whose latest() acked through N
+            # already: nothing to do, and no claim-log read (acks only ever grow)
+            return
         s = self.state()
         self.check_range(s, end)
-        self._bound(_ack_through(self.store, self.source_id, self.broker, s, end, self.faults))
+        s = _ack_through(self.store, self.source_id, self.broker, s, end, self.faults)
+        self.acked_known = max(self.acked_known, s.acked_through)
+        self._bound(s)
 
     def _bound(self, s: OffsetLogState) -> OffsetLogState:
         """Summarize the claim log every so many events and delete what the summary
@@ -556,10 +580,14 @@ class ClaimCoordinator:
 
 
 class ClaimedIds(InputPartition):
-    """One read task: message ids of a claim range (all the executor needs)."""
+    """One read task: message ids of a claim range, and (marshalled) what their deliveries
+    carried when the driver still holds it: the task then reads nothing from the broker.
+    Messages never change once delivered, so both give the same rows; a replay in a new
+    process has only the ids and fetches by id."""
 
-    def __init__(self, ids: list[str]) -> None:
+    def __init__(self, ids: list[str], received: bytes | None = None) -> None:
         self.ids = ids
+        self.received = received
 
 
 class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -657,13 +685,29 @@ class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         lo, hi = self._claim_of(start), self._claim_of(end)
         check_batch_order(self.fmt, lo, hi)
         self._last = hi
-        ids = self.coordinator().ids(lo, hi)
-        return [ClaimedIds(chunk) for chunk in self.broker_config.split(ids) if chunk]
+        c = self.coordinator()
+        ids = c.ids(lo, hi)
+        parts = []
+        for chunk in self.broker_config.split(ids):
+            if chunk:
+                got = c.broker.received(chunk)
+                # marshal: plain lists/dicts of bytes, ~10x faster than pickle here (the
+                # driver's Python and the workers' are the same version, as PySpark requires)
+                packed = None if got is None else marshal.dumps(got)
+                if packed is not None and len(packed) > RECEIVED_BYTES_PER_PARTITION:
+                    packed = None  # too big to ship in a task: the task fetches by id
+                parts.append(ClaimedIds(chunk, packed))
+        return parts
 
     def read(self, partition: ClaimedIds):  # type: ignore[override]  # our partitions
         broker = self.broker_config.connect()
         try:
-            yield from broker.fetch(partition.ids, self.arrow_schema)
+            received = getattr(partition, "received", None)
+            if received is None:
+                yield from broker.fetch(partition.ids, self.arrow_schema)
+            else:
+                got = marshal.loads(received)  # made by partitions(), this query
+                yield from broker.fetch_received(partition.ids, got, self.arrow_schema)
         finally:
             broker.close()
 

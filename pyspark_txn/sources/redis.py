@@ -8,7 +8,9 @@ only the Redis calls:
 - claim: ``XREADGROUP GROUP <group> <consumer> COUNT n STREAMS <s> >``, one
   stream after the other (rotating) until the batch's budget is spent; with
   ``blockMs`` a last blocking read over every stream when nothing was there;
-- fetch by id (executors): ``XRANGE <s> <id> <id>``, pipelined;
+- fetch by id (executors): ``XRANGE <s> <first> <last>`` over runs of claimed ids,
+  pipelined; a batch planned by the process that claimed it instead ships the entries
+  the claim received in its read tasks (entries never change: the same rows);
 - ack: ``XACK``; pending (at start): ``XPENDING <s> <group> - + n <consumer>``;
   with ``claimIdleMs``: ``XAUTOCLAIM`` of messages idle that long (any
   consumer's), deduplicated against the claim log like every delivery.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -21,6 +22,7 @@ from .redis_rows import (
     _json_columns,
     _json_document,
     _row_converter,
+    fields_dict,
 )
 
 if TYPE_CHECKING:  # a type only: the options import this module (connect)
@@ -31,11 +33,49 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 1000  # ids per pipelined round trip
 _FETCH_ROWS = 10_000  # messages per Arrow batch a read task yields
+# What a claim received is kept (driver) for the read tasks of its batch up to this many
+# messages; beyond it (a batch never planned in this process) the tasks fetch by id.
+_KEEP_RECEIVED = 2_000_000
 
 
 def _entry_key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+def _in_order(entries: list[str]) -> list[str]:
+    """Entry ids sorted by (ms, seq); a claim's ids mostly are already (one sort check
+    of cheap tuples instead of a key function call per id)."""
+    keys = [(int(ms), int(seq or 0)) for ms, _, seq in (e.partition("-") for e in entries)]
+    if all(a < b for a, b in pairwise(keys)):
+        return entries
+    return [e for _, e in sorted(zip(keys, entries, strict=True))]
+
+
+def _stream_and_entry(ids: Sequence[str]) -> list[Any]:
+    """The ``stream`` and ``id`` columns of message ids ``<stream>/<entry id>`` (split at
+    the last ``/``, in Arrow rather than per id in Python)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parts = pc.extract_regex(pa.array(ids, pa.string()), r"(?s)^(?P<s>.*)/(?P<e>[^/]*)$")
+    return [parts.field("s"), parts.field("e")]
+
+
+def _raw_reply(response: Any, **options: Any) -> Any:
+    """XREADGROUP and XRANGE replies as Redis sent them: entries ``[id, [name, value,
+    ...]]`` with their fields flat, not one dict per entry (redis-py's parsing of those
+    cost more than the rest of a read task's Python work)."""
+    return response
+
+
+def _streams_of(reply: Any) -> list[tuple[bytes, list]]:
+    """(stream, entries) of an XREADGROUP reply, RESP2 (a list) or RESP3 (a map)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        return list(reply.items())
+    return [(r[0], r[1]) for r in reply]
 
 
 _PASSWORD_PARAM = re.compile(r"(?i)([?&]password=)[^&#]*")
@@ -90,11 +130,17 @@ class RedisBroker(Broker):
         self._drained: set[str] = set()
         self._cursors: dict[str, str] = {}
         self._turn = 0
+        # message id -> fields of the deliveries this connection received, until their
+        # read task takes them or they are acked (see received)
+        self._received: dict[str, dict] = {}
 
     @property
     def r(self):
         if self._client is None:
-            self._client = self.cfg.client()
+            client = self.cfg.client()
+            for command in ("XREADGROUP", "XRANGE"):
+                client.set_response_callback(command, _raw_reply)
+            self._client = client
         return self._client
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -170,9 +216,15 @@ class RedisBroker(Broker):
             block=block,
         )
         out: list[str] = []
-        for name, entries in res or []:
+        keep = self._received
+        for name, entries in _streams_of(res):
             s = name.decode()
-            out.extend(f"{s}/{e[0].decode()}" for e in entries)
+            ids = [f"{s}/{e[0].decode()}" for e in entries]
+            out.extend(ids)
+            if len(keep) < _KEEP_RECEIVED:
+                for m, e in zip(ids, entries, strict=True):
+                    if e[1]:
+                        keep[m] = e[1]
             if self._targets is not None and (
                 len(entries) < count
                 or (entries and _entry_key(entries[-1][0].decode()) >= self._targets[s])
@@ -256,11 +308,25 @@ class RedisBroker(Broker):
             )
             cursor, entries = res[0], res[1]
             self._cursors[s] = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
-            out.extend(f"{s}/{e[0].decode()}" for e in entries if e and e[1])
+            for e in entries:
+                if e and e[1]:
+                    m = f"{s}/{e[0].decode()}"
+                    out.append(m)
+                    if len(self._received) < _KEEP_RECEIVED:
+                        self._received[m] = e[1]
         return out
 
+    def received(self, ids: Sequence[str]) -> list[Any] | None:
+        """The fields of ``ids`` as ``XREADGROUP``/``XAUTOCLAIM`` handed them to this
+        connection, if it holds every one (they leave it); None: fetch by id."""
+        keep = self._received
+        if not all(m in keep for m in ids):
+            return None
+        return [keep.pop(m) for m in ids]
+
     def _ranges(self, ids: Sequence[str]) -> list[tuple[str, list]]:
-        """(id, entries) for each id, in order; entries is empty for an id the stream lacks.
+        """(id, entries) for each id, in order; entries is empty for an id the stream lacks,
+        else one ``[entry id, [name, value, ...]]`` as Redis sent it (:func:`_raw_reply`).
 
         A claim is mostly a run of consecutive entries, so each stream's ids are read
         sorted, ``_CHUNK`` at a time, with one ``XRANGE first last COUNT n`` each
@@ -270,19 +336,22 @@ class RedisBroker(Broker):
         """
         wanted = set(ids)
         found: dict[str, list] = {}
-        by_stream: dict[str, list[str]] = {}
-        for m in wanted:
+        by_stream: dict[str, dict[str, str]] = {}  # stream -> entry id -> message id
+        for m in dict.fromkeys(ids):  # in claim order: mostly sorted already
             s, entry = _split_id(m)
-            by_stream.setdefault(s, []).append(entry)
+            by_stream.setdefault(s, {})[entry] = m
         pipe = self.r.pipeline(transaction=False)
-        asked: list[str] = []
-        for s, entries in by_stream.items():
-            entries.sort(key=_entry_key)
+        asked: list[tuple[str, list[str], dict[str, str]]] = []
+        for s, names in by_stream.items():
+            entries = _in_order(list(names))
             for i in range(0, len(entries), _CHUNK):
                 chunk = entries[i : i + _CHUNK]
                 pipe.xrange(s, chunk[0], chunk[-1], count=len(chunk))
-                asked.append(s)
-        for s, got in zip(asked, self._call("XRANGE", pipe.execute), strict=True):
+                asked.append((s, chunk, names))
+        for (s, chunk, names), got in zip(asked, self._call("XRANGE", pipe.execute), strict=True):
+            if [e[0] for e in got] == [c.encode() for c in chunk]:  # the usual: a run
+                found.update(zip([names[c] for c in chunk], ([e] for e in got), strict=True))
+                continue
             for entry in got:
                 m = f"{s}/{entry[0].decode()}"
                 if m in wanted:
@@ -309,6 +378,7 @@ class RedisBroker(Broker):
     def ack(self, ids: Sequence[str]) -> None:
         by_stream: dict[str, list[str]] = {}
         for m in ids:
+            self._received.pop(m, None)
             s, entry = _split_id(m)
             by_stream.setdefault(s, []).append(entry)
         pipe = self.r.pipeline(transaction=False)
@@ -320,53 +390,70 @@ class RedisBroker(Broker):
     # --- executor call -------------------------------------------------------------
 
     def fetch(self, ids: Sequence[str], arrow_schema) -> Iterator[Any]:
+        def chunks() -> Iterator[tuple[Sequence[str], list[Any]]]:
+            for i in range(0, len(ids), _FETCH_ROWS):
+                got = self._ranges(ids[i : i + _FETCH_ROWS])
+                gone = [m for m, entries in got if not entries]
+                if gone:
+                    raise SourceError(
+                        f"{FORMAT}: {len(gone)} claimed messages no longer exist at "
+                        f"{_safe_url(self.cfg.url)} (deleted or trimmed before their batch "
+                        f"was read), e.g. {gone[:5]}: a replay cannot read them again; keep "
+                        "unacknowledged entries in the stream (trim only acknowledged ones)"
+                    )
+                yield [m for m, _ in got], [entries[0][1] for _, entries in got]
+
+        return self._batches(chunks(), arrow_schema)
+
+    def fetch_received(self, ids: Sequence[str], received: Any, arrow_schema) -> Iterator[Any]:
+        """The rows of ``ids`` from the entries the claim received (no Redis call): an
+        entry never changes, so they are what ``XRANGE`` would return."""
+
+        def chunks() -> Iterator[tuple[Sequence[str], list[Any]]]:
+            for i in range(0, len(ids), _FETCH_ROWS):
+                yield ids[i : i + _FETCH_ROWS], received[i : i + _FETCH_ROWS]
+
+        return self._batches(chunks(), arrow_schema)
+
+    def _batches(
+        self, chunks: Iterable[tuple[Sequence[str], list[Any]]], arrow_schema
+    ) -> Iterator[Any]:
+        """Arrow record batches of fetched entries: message ids and, for each, its fields as
+        Redis sent them (``[name, value, ...]``)."""
         import pyarrow as pa
 
         payload = list(arrow_schema)[2:]
         bad_type = payload.pop().type if self.cfg.bad_message_column is not None else None
         build = self._payload_builder(payload)
-        for i in range(0, len(ids), _FETCH_ROWS):
-            got = self._ranges(ids[i : i + _FETCH_ROWS])
-            gone = [m for m, entries in got if not entries]
-            if gone:
-                raise SourceError(
-                    f"{FORMAT}: {len(gone)} claimed messages no longer exist at "
-                    f"{_safe_url(self.cfg.url)} (deleted or trimmed before their batch was "
-                    f"read), e.g. {gone[:5]}: a replay cannot read them again; keep "
-                    "unacknowledged entries in the stream (trim only acknowledged ones)"
-                )
-            streams, entry_ids = [], []
-            for m, _ in got:
-                s, entry = _split_id(m)
-                streams.append(s)
-                entry_ids.append(entry)
-            cols = [pa.array(streams, pa.string()), pa.array(entry_ids, pa.string())]
-            payload_cols, bad = build(got)
+        for ids, fields in chunks:
+            cols = _stream_and_entry(ids)
+            payload_cols, bad = build(ids, fields)
             cols.extend(payload_cols)
             if bad:
-                self._bad_messages(got, bad)
+                self._bad_messages(ids, bad)
             if bad_type is not None:
-                cols.append(_bad_message_column(got, bad, bad_type))
+                cols.append(_bad_message_column(fields, bad, bad_type))
             yield pa.RecordBatch.from_arrays(cols, schema=arrow_schema)
 
-    def _payload_builder(self, payload: list) -> Callable[[Sequence[tuple[str, list]]], Any]:
+    def _payload_builder(self, payload: list) -> Callable[[Sequence[str], list[Any]], Any]:
         """From fetched entries to (payload columns, {row: why it is a bad message})."""
         if self.cfg.payload_format != "json":
 
-            def fields(got: Sequence[tuple[str, list]]) -> tuple[list[Any], dict[int, str]]:
-                column, bad = _fields_map(got, payload[0].type)
+            def fields_map(ids: Sequence[str], fields: list[Any]) -> tuple[list[Any], dict]:
+                column, bad = _fields_map(fields, payload[0].type)
                 return [column], bad
 
-            return fields
+            return fields_map
         convert = _row_converter(payload, self.cfg.required_columns)
         json_field = self.cfg.json_field
 
-        def build(got: Sequence[tuple[str, list]]) -> tuple[list[Any], dict[int, str]]:
+        def build(ids: Sequence[str], fields: list[Any]) -> tuple[list[Any], dict[int, str]]:
             rows: list[list[Any] | None] = []
             bad: dict[int, str] = {}
-            for k, (m, entries) in enumerate(got):
+            for k, (m, f) in enumerate(zip(ids, fields, strict=True)):
                 try:
-                    rows.append(convert(m, _json_document(m, entries[0][1], json_field)))
+                    doc = _json_document(m, fields_dict(f), json_field)
+                    rows.append(convert(m, doc))
                 except BadMessageError as e:
                     bad[k] = e.reason
                     rows.append(None)
@@ -374,10 +461,10 @@ class RedisBroker(Broker):
 
         return build
 
-    def _bad_messages(self, got: Sequence[tuple[str, list]], bad: Mapping[int, str]) -> None:
+    def _bad_messages(self, ids: Sequence[str], bad: Mapping[int, str]) -> None:
         """badMessages=fail: the first bad message fails the batch; column: a log line."""
         first = min(bad)
-        m, why = got[first][0], bad[first]
+        m, why = ids[first], bad[first]
         more = f" (and {len(bad) - 1} more in this read task)" if len(bad) > 1 else ""
         if self.cfg.bad_message_column is None:
             raise SourceError(
@@ -389,7 +476,7 @@ class RedisBroker(Broker):
             "%s: %d of %d messages could not be read and became rows with %s set, e.g. %s: %s",
             FORMAT,
             len(bad),
-            len(got),
+            len(ids),
             self.cfg.bad_message_column,
             m,
             why,

@@ -398,3 +398,101 @@ def test_the_password_option_reaches_redis(redis_server, redis_db, tmp_path):
         admin = type(redis_db).from_url(redis_server.url, password="pw-1")
         admin.config_set("requirepass", "")
         admin.close()
+
+
+def _xrange_calls(redis_db) -> int:
+    return int(redis_db.info("commandstats").get("cmdstat_xrange", {}).get("calls", 0))
+
+
+def test_read_tasks_take_what_the_claim_received_and_a_replay_reads_by_id(
+    redis_server, redis_db, tmp_path
+):
+    """A batch planned by the process that claimed it ships the claimed entries in its
+    partitions (no XRANGE on executors); a new process replaying it fetches by id, and
+    both give the same rows."""
+    from pyspark.sql.types import MapType, StringType, StructField, StructType
+
+    schema = StructType(
+        [
+            StructField("stream", StringType()),
+            StructField("id", StringType()),
+            StructField("fields", MapType(StringType(), StringType())),
+        ]
+    )
+    for i in range(12):
+        redis_db.xadd("a" if i % 3 else "b", {"k": f"v{i}", "x": "é"})
+    o = options(redis_server, tmp_path, stream="a,b", maxMessagesPerBatch="100")
+
+    def rows(reader, parts):
+        return [r for p in parts for batch in reader.read(p) for r in batch.to_pylist()]
+
+    reader = o.reader(schema)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, None)
+    parts = reader.partitions(start, end)
+    assert len(parts) == 2 and all(p.received is not None for p in parts)
+    before = _xrange_calls(redis_db)
+    first = rows(reader, parts)
+    assert _xrange_calls(redis_db) == before  # nothing read again
+    assert sorted((r["stream"], r["id"]) for r in first) == sorted(
+        (s, e.decode()) for s in ("a", "b") for e, _ in redis_db.xrange(s)
+    )
+    assert all(dict(r["fields"])["x"] == "é" for r in first)
+    reader.stop()
+
+    replay = o.reader(schema)  # a restarted query re-plans the same batch
+    again = replay.partitions(start, end)
+    assert all(p.received is None for p in again)
+    assert rows(replay, again) == first
+    assert _xrange_calls(redis_db) > before
+    replay.stop()
+
+
+def test_rows_match_redis_fields_whatever_their_shape_both_from_the_claim_and_by_id(
+    redis_server, redis_db, tmp_path
+):
+    """Rows are built from the entries' flat field lists at once (no dict per entry); what
+    they hold is what redis-py's parsing gives: a name given twice keeps its last value,
+    entries with other fields, no fields but one, and stream names with '/' are read the
+    same, from the claim's entries (first read) and by id (a replay)."""
+    from pyspark.sql.types import MapType, StringType, StructField, StructType
+
+    schema = StructType(
+        [
+            StructField("stream", StringType()),
+            StructField("id", StringType()),
+            StructField("fields", MapType(StringType(), StringType())),
+        ]
+    )
+    streams = ["a/b", "plain"]
+    for i in range(30):
+        s = streams[i % 2]
+        redis_db.xadd(s, {"n": str(i), "user": f"u{i}"})  # the usual: the same names
+        if i % 7 == 0:  # a name twice: Redis keeps both pairs, redis-py the last
+            redis_db.execute_command("XADD", s, "*", "n", str(i), "n", f"again{i}", "z", "1")
+        if i % 11 == 0:
+            redis_db.xadd(s, {"only": "one"})
+    expected = {
+        (s, e.decode()): sorted((k.decode(), v.decode()) for k, v in fields.items())
+        for s in streams
+        for e, fields in redis_db.xrange(s)
+    }
+    assert ("n", "again0") in expected[next(k for k, v in expected.items() if ("z", "1") in v)]
+    o = options(redis_server, tmp_path, stream=",".join(streams), maxMessagesPerBatch="1000")
+
+    def rows(reader, parts):
+        got = [r for p in parts for batch in reader.read(p) for r in batch.to_pylist()]
+        return {(r["stream"], r["id"]): sorted(r["fields"]) for r in got}  # pairs, as stored
+
+    reader = o.reader(schema)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, None)
+    parts = reader.partitions(start, end)
+    assert all(p.received is not None for p in parts)
+    assert rows(reader, parts) == expected
+    reader.stop()
+    replay = o.reader(schema)
+    again = replay.partitions(start, end)
+    assert all(p.received is None for p in again)
+    assert rows(replay, again) == expected
+    replay.stop()
