@@ -3,7 +3,7 @@ Python writer and a hand-written foreachBatch + delta-rs, on one source, in one 
 
     .venv/bin/python benchmarks/fast_path.py [--source jvm|python] [--batches N]
                                              [--rows 4000000] [--rounds 5]
-                                             [--sinks parquet,fast] [--before DIR]
+                                             [--sinks parquet,fast] [--before DIR] [--steps]
 
 Sources:
   jvm     Spark's parquet file source over ``--rows`` rows (4 int64 columns) in
@@ -25,6 +25,8 @@ Sinks:
 For ``parquet`` and the fast paths the written files are summarised (files, bytes, row
 groups, codecs, dictionary-encoded columns) so both sides can be seen to write the same
 kind of file; each round also prints Spark's ``addBatch`` time (summed over batches).
+``--steps`` times the fast path's steps in the driver (wrapping its functions) and
+prints the median per batch of each: where one batch's time goes.
 Rounds run the sinks in a random order after a GC of both heaps; medians and paired
 ratios (median over rounds of per-round ratios) are printed, and written as JSON to
 ``benchmarks/results/fast_path_<source>_<batches>.json``.
@@ -84,6 +86,41 @@ def source_frame(spark, args, folder: str, rows: int):
     )
 
 
+STEPS: dict[str, list[float]] = {}
+
+
+def time_steps() -> None:
+    """Wrap the fast path's steps (the driver's side of one batch) with timers."""
+    import functools
+
+    from pyspark_txn.sinks import fast, twophase
+
+    def wrap(owner, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+
+        @functools.wraps(inner)
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                STEPS.setdefault(label, []).append((time.perf_counter() - t0) * 1000)
+
+        setattr(owner, name, timed)
+
+    for owner, name, label in [
+        (fast.DeltaBatchWriter, "__call__", "callback (all of the below)"),
+        (fast, "read_query_id", "checkpoint: query id"),
+        (fast, "read_batch_offsets", "checkpoint: offsets"),
+        (twophase.TwoPhaseCommitter, "allocate", "allocate"),
+        (fast, "write_marker", "marker"),
+        (fast.DeltaBatchWriter, "_spark_write", "Spark's write (settings, job)"),
+        (fast, "collect_spark_output", "list, CRC32, footers, fsync"),
+        (twophase.TwoPhaseCommitter, "commit", "commit (record, Delta commit)"),
+    ]:
+        wrap(owner, name, label)
+
+
 def files_summary(folder: str) -> dict:
     """What the parquet files under ``folder`` are: count, bytes, row groups, codecs and
     the columns with a dictionary-encoded chunk."""
@@ -92,7 +129,10 @@ def files_summary(folder: str) -> dict:
     summary: dict = {"files": 0, "bytes": 0, "row_groups": 0, "codecs": set(), "dict": set()}
     for top, _, names in os.walk(folder):
         for name in names:
-            if not name.endswith(".parquet") or "_temporary" in top:
+            rel = os.path.relpath(top, folder)
+            if not name.endswith(".parquet") or any(
+                part.startswith(("_", ".")) for part in rel.split(os.sep) if part != "."
+            ):  # Spark's _temporary, _spark_metadata; Delta's _delta_log checkpoints
                 continue
             path = os.path.join(top, name)
             meta = pq.ParquetFile(path).metadata
@@ -164,7 +204,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="seed of the per-round run order")
     parser.add_argument("--sinks", default=",".join(SINKS))
     parser.add_argument("--before", help="folder holding pyspark_txn_before (sink fast-before)")
+    parser.add_argument("--steps", action="store_true", help="time the fast path's steps")
     args = parser.parse_args()
+    if args.steps:
+        time_steps()
     sinks = args.sinks.split(",")
     if args.before:
         sys.path.insert(0, os.path.abspath(args.before))
@@ -191,6 +234,7 @@ def main() -> None:
         make_source(warm, warm_rows, args.batches * FILES_PER_BATCH)
     for sink in sinks:  # JIT, Python workers, the first batch of a fresh JVM
         run_once(spark, sink, args, warm, warm_rows, f"{work}/warmup")
+    STEPS.clear()  # not the warm-up's
     times: dict[str, list[float]] = {s: [] for s in sinks}
     add_batch: dict[str, list[float]] = {s: [] for s in sinks}
     files: dict[str, dict] = {}
@@ -235,6 +279,10 @@ def main() -> None:
     )
     for sink, summary in files.items():
         print(f"files of {sink}: {summary}")
+    if STEPS:
+        print("fast path, median ms per batch:")
+        for label, ms in STEPS.items():
+            print(f"  {label:<32} {statistics.median(ms):8.1f}  (n={len(ms)})")
     os.makedirs("benchmarks/results", exist_ok=True)
     result = {
         "args": vars(args),
@@ -243,6 +291,7 @@ def main() -> None:
         "m_rows_per_s": rate,
         "ratios": ratios,
         "files": files,
+        "steps_ms": STEPS,
     }
     with open(f"benchmarks/results/fast_path_{args.source}_{args.batches}.json", "w") as f:
         json.dump(result, f, indent=2)

@@ -216,7 +216,7 @@ def _measure(
     crc, size = 0, 0
     with open(path, "rb", buffering=0) if local else fs.open(path, "rb") as f:
         if local:  # one buffer for every chunk: no fresh 4 MiB per read
-            buffer = bytearray(_CHUNK)
+            buffer = bytearray(max(1, min(_CHUNK, os.fstat(f.fileno()).st_size)))
             view = memoryview(buffer)
             while n := f.readinto(buffer):
                 crc = zlib.crc32(view[:n], crc)
