@@ -93,7 +93,8 @@ def time_steps() -> None:
     """Wrap the fast path's steps (the driver's side of one batch) with timers."""
     import functools
 
-    from pyspark_txn.sinks import fast, twophase
+    from pyspark_txn.sinks import delta, delta_target, fast, twophase
+    from pyspark_txn.state.backends import delta_log
 
     def wrap(owner, name: str, label: str) -> None:
         inner = getattr(owner, name)
@@ -112,6 +113,9 @@ def time_steps() -> None:
         (fast.DeltaBatchWriter, "__call__", "callback (all of the below)"),
         (fast, "read_query_id", "checkpoint: query id"),
         (fast, "read_batch_offsets", "checkpoint: offsets"),
+        (delta_log.DeltaEventLog, "create_if_missing", "record table: create if missing"),
+        (delta_target.DeltaTarget, "check_stream_schema", "target: schema check"),
+        (delta.DeltaSinkOptions, "target_meta", "target: version, meta"),
         (twophase.TwoPhaseCommitter, "allocate", "allocate"),
         (fast, "write_marker", "marker"),
         (fast.DeltaBatchWriter, "_spark_write", "Spark's write (settings, job)"),

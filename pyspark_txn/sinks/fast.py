@@ -395,11 +395,11 @@ class DeltaBatchWriter:
         try:
             writer.parquet(spark_dir)
         finally:
-            for key, value in previous.items():
-                if value is None:
+            for key, own in previous.items():
+                if own is None:
                     conf.unset(key)
                 else:
-                    conf.set(key, value)
+                    conf.set(key, own)
 
 
 # Session settings of Spark's parquet writer that would make files other readers get
