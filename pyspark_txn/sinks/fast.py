@@ -386,17 +386,20 @@ class DeltaBatchWriter:
         if opts.target_file_rows:
             writer = writer.option("maxRecordsPerFile", str(opts.target_file_rows))
         conf = df.sparkSession.conf  # the query's own session (Spark clones one per query)
-        previous = {key: conf.get(key, None) for key in _WRITE_CONF}
-        for key, value in _WRITE_CONF.items():
+        previous: dict[str, str | None] = {}  # what was explicitly set (None: nothing)
+        for key, value in _write_conf(df.schema).items():
+            if conf.get(key) == value:  # in effect already (set, or Spark's default)
+                continue
+            previous[key] = conf.get(key, None)
             conf.set(key, value)
         try:
             writer.parquet(spark_dir)
         finally:
-            for key, value in previous.items():
-                if value is None:
+            for key, own in previous.items():
+                if own is None:
                     conf.unset(key)
                 else:
-                    conf.set(key, value)
+                    conf.set(key, own)
 
 
 # Session settings of Spark's parquet writer that would make files other readers get
@@ -421,6 +424,41 @@ _WRITE_CONF = {
     ),
     "spark.sql.parquet.output.committer.class": "org.apache.parquet.hadoop.ParquetOutputCommitter",
 }
+# The settings of _WRITE_CONF that only matter for a column of dates or timestamps.
+_DATETIME_CONF = frozenset(
+    {
+        "spark.sql.parquet.outputTimestampType",
+        "spark.sql.parquet.datetimeRebaseModeInWrite",
+        "spark.sql.parquet.int96RebaseModeInWrite",
+    }
+)
+
+
+def _has_datetime(t) -> bool:
+    """Whether a Spark type holds a date or timestamp anywhere (nested included)."""
+    from pyspark.sql import types as T
+
+    if isinstance(t, T.DateType | T.TimestampType | T.TimestampNTZType):
+        return True
+    if isinstance(t, T.StructType):
+        return any(_has_datetime(f.dataType) for f in t.fields)
+    if isinstance(t, T.ArrayType):
+        return _has_datetime(t.elementType)
+    if isinstance(t, T.MapType):
+        return _has_datetime(t.keyType) or _has_datetime(t.valueType)
+    if isinstance(t, T.UserDefinedType):
+        return _has_datetime(t.sqlType())
+    return False
+
+
+def _write_conf(spark_schema) -> dict[str, str]:
+    """The session settings a write of ``spark_schema`` needs (each one read and set is
+    a call into the JVM: ten to fifteen per batch otherwise)."""
+    if _has_datetime(spark_schema):
+        return dict(_WRITE_CONF)
+    return {k: v for k, v in _WRITE_CONF.items() if k not in _DATETIME_CONF}
+
+
 # Hadoop settings of the write (options of the writer): algorithm 2 moves a task's files
 # into the output folder at task commit, where a task that fails after its commit, or
 # a commit cut half way, leaves them.

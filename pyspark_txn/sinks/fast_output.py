@@ -116,8 +116,15 @@ def collect_spark_output(
         _Move(p[len(top) :] if p.startswith(top) else p, values, _spark_partition(p))
         for p, values, _ in found
     ]
-    with ThreadPoolExecutor(min(8, max(1, len(moves)))) as pool:
-        handles = list(pool.map(lambda m: _measure(fs, root, m, local, file_schema), moves))
+    with ThreadPoolExecutor(min(8, max(1, 2 * len(moves) if local else len(moves)))) as pool:
+        # Local disks: each file's fsync (waiting for the disk to take Spark's dirty
+        # pages) runs beside its read for CRC32 (from the page cache), not after it;
+        # both are done before any handle is returned.
+        synced = [pool.submit(_fsync_file, _fs.join(root, m.rel)) for m in moves] if local else []
+        measured = [pool.submit(_measure, fs, root, m, local, file_schema, False) for m in moves]
+        handles = [f.result() for f in measured]
+        for f in synced:
+            f.result()
     empty = [h for h in handles if h.rows == 0]
     if empty:  # Spark writes a schema-only file for an empty batch: never committed
         fs.rm([_fs.join(root, h.handle) for h in empty])
@@ -188,19 +195,38 @@ class _Move:
 _CHUNK = 4 << 20
 
 
-def _measure(fs, root: str, move: _Move, local: bool, schema) -> TxnHandle:
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _measure(
+    fs, root: str, move: _Move, local: bool, schema, fsync: bool | None = None
+) -> TxnHandle:
     """Size, CRC32, rows and Delta stats of one staged file: the CRC32 over the bytes
-    read a chunk at a time, the footer read by itself (its end of the file only)."""
+    read a chunk at a time (into one buffer), the footer read by itself (its end of the
+    file only). ``fsync`` (default: on local disks) syncs the file too; the caller that
+    passes False syncs it itself."""
     import pyarrow.parquet as pq
 
     path = _fs.join(root, move.rel)
     crc, size = 0, 0
-    with open(path, "rb") if local else fs.open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-        if local:
-            os.fsync(f.fileno())
+    with open(path, "rb", buffering=0) if local else fs.open(path, "rb") as f:
+        if local:  # one buffer for every chunk: no fresh 4 MiB per read
+            buffer = bytearray(max(1, min(_CHUNK, os.fstat(f.fileno()).st_size)))
+            view = memoryview(buffer)
+            while n := f.readinto(buffer):
+                crc = zlib.crc32(view[:n], crc)
+                size += n
+            if fsync is None or fsync:
+                os.fsync(f.fileno())
+        else:
+            while chunk := f.read(_CHUNK):
+                crc = zlib.crc32(chunk, crc)
+                size += len(chunk)
         f.seek(0)
         metadata = pq.ParquetFile(f).metadata
     return TxnHandle(

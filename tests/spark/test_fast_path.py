@@ -695,3 +695,50 @@ def test_a_table_recreated_empty_is_refused_not_written(fast):
     dt = DeltaTable(fast.target)
     assert dt.version() == 0 and dt.to_pyarrow_table().num_rows == 0
     assert not (Path(fast.target) / STAGING_ROOT).exists()
+
+
+def test_session_settings_reach_no_nested_timestamp_and_are_restored(spark, tmp_path):
+    """The fast path switches the session's datetime settings only for a schema with a
+    date or timestamp; one nested in a struct counts (INT96 there would have no Delta
+    stats and LEGACY would write Julian dates), and every setting the batch switched
+    is the session's own again afterwards."""
+    import datetime as dt
+
+    chk, target = str(tmp_path / "c"), str(tmp_path / "t")
+    stamps = [
+        dt.datetime(1500, 3, 1, 12, tzinfo=dt.timezone.utc),
+        dt.datetime(2024, 1, 1, 0, 0, 1, tzinfo=dt.timezone.utc),
+    ]
+    src = tmp_path / "src"
+    src.mkdir()
+    nested = pa.array([{"ts": t} for t in stamps], pa.struct([("ts", pa.timestamp("us", "UTC"))]))
+    pq.write_table(pa.table({"id": [0, 1], "s": nested}), src / "f.parquet")
+    sink = pyspark_txn.delta_batch_writer(path=target, checkpoint=chk)
+    own = {
+        "spark.sql.parquet.outputTimestampType": "INT96",
+        "spark.sql.parquet.datetimeRebaseModeInWrite": "LEGACY",
+        "spark.sql.parquet.int96RebaseModeInWrite": "LEGACY",
+        "spark.sql.sources.commitProtocolClass": (
+            "org.apache.spark.internal.io.HadoopMapReduceCommitProtocol"
+        ),
+    }
+    after: dict[str, str | None] = {}
+
+    def with_own_settings(df, batch_id):
+        conf = df.sparkSession.conf
+        for key, value in own.items():
+            conf.set(key, value)
+        conf.unset("spark.sql.parquet.output.committer.class")
+        sink(df, batch_id)
+        after.update({key: conf.get(key, None) for key in own})
+        after["committer"] = conf.get("spark.sql.parquet.output.committer.class", None)
+
+    df = spark.readStream.schema("id long, s struct<ts: timestamp>").parquet(str(src))
+    pyspark_txn.process_available(
+        df.writeStream.foreachBatch(with_own_settings).option("checkpointLocation", chk)
+    )
+    assert after == {**own, "committer": None}
+    files = [f for f in Path(target).rglob("*.parquet")]
+    assert files and all(pq.ParquetFile(f).schema.column(1).physical_type == "INT64" for f in files)
+    got = DeltaTable(target).to_pyarrow_table().sort_by("id")
+    assert [r["ts"] for r in got.column("s").to_pylist()] == stamps
