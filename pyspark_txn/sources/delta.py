@@ -474,7 +474,17 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if f.deletion_vector:
             deleted = load_deletion_vector(self.opts.path, dict(f.deletion_vector), self.fs)
         values = dict(f.partition_values)
-        with self.fs.open(f.uri.removeprefix("file://"), "rb") as fh:
+        try:
+            fh = self.fs.open(f.uri.removeprefix("file://"), "rb")
+        except FileNotFoundError as e:
+            raise SourceError(
+                f"txn-delta source: data file {f.uri} of the table at {self.opts.path} is gone "
+                "(VACUUM, or the table was deleted or replaced) but a batch of this query "
+                "names it: the rows it held cannot be read again. Restore the file, or start "
+                "a new query (new checkpoint) from a later startingVersion; keep VACUUM's "
+                "retention longer than any reader of this table lags"
+            ) from e
+        with fh:
             try:
                 pf = pq.ParquetFile(fh, coerce_int96_timestamp_unit="us")
             except Exception as e:

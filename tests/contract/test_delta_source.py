@@ -101,6 +101,19 @@ def test_cleaned_up_log_is_a_clear_error(table, tmp_path):
         drain(reader(table, startingVersion="1"))
 
 
+def test_a_data_file_vacuumed_before_its_batch_is_read_is_a_clear_error(table):
+    """A replay (or a lagging reader) names files VACUUM has since removed: the read
+    says which file, of which table, why, and what to do, not a bare FileNotFoundError."""
+    r = reader(table, maxFilesPerBatch="1")
+    start = r.initialOffset()
+    end = r.latestOffset(start, None)
+    dt = DeltaTable(table)
+    dt.optimize.compact()
+    dt.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    with pytest.raises(SourceError, match=r"is gone \(VACUUM.*startingVersion"):
+        rows(r, start, end)
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
