@@ -392,7 +392,7 @@ def _delta_safe(col: Any, dtype: Any) -> Any:
         if _needs_change(dtype.valueType):
             col = F.transform_values(col, lambda _k, v: _element(v, dtype.valueType))
         return col
-    return col  # pragma: no cover - _needs_change covers every other type
+    return col  # a user-defined type: Spark writes its SQL type as it is
 
 
 def _element(col: Any, dtype: Any) -> Any:
@@ -406,18 +406,14 @@ def _element(col: Any, dtype: Any) -> Any:
 def _needs_change(dtype: Any) -> bool:
     from pyspark.sql import types as T
 
-    if isinstance(
+    from ..spark.types import any_nested_type
+
+    return any_nested_type(
         dtype,
-        (T.NullType, T.YearMonthIntervalType, T.DayTimeIntervalType, T.CalendarIntervalType),
-    ):
-        return True
-    if isinstance(dtype, T.StructType):
-        return any(_needs_change(f.dataType) for f in dtype.fields)
-    if isinstance(dtype, T.ArrayType):
-        return _needs_change(dtype.elementType)
-    if isinstance(dtype, T.MapType):
-        return _needs_change(dtype.keyType) or _needs_change(dtype.valueType)
-    return False
+        lambda d: isinstance(
+            d, (T.NullType, T.YearMonthIntervalType, T.DayTimeIntervalType, T.CalendarIntervalType)
+        ),
+    )
 
 
 def _state_frame(spark: Any, checkpoint: str, batch_id: int, store: _Store) -> Any:

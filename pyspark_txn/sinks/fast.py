@@ -438,17 +438,11 @@ def _has_datetime(t) -> bool:
     """Whether a Spark type holds a date or timestamp anywhere (nested included)."""
     from pyspark.sql import types as T
 
-    if isinstance(t, T.DateType | T.TimestampType | T.TimestampNTZType):
-        return True
-    if isinstance(t, T.StructType):
-        return any(_has_datetime(f.dataType) for f in t.fields)
-    if isinstance(t, T.ArrayType):
-        return _has_datetime(t.elementType)
-    if isinstance(t, T.MapType):
-        return _has_datetime(t.keyType) or _has_datetime(t.valueType)
-    if isinstance(t, T.UserDefinedType):
-        return _has_datetime(t.sqlType())
-    return False
+    from ..spark.types import any_nested_type
+
+    return any_nested_type(
+        t, lambda d: isinstance(d, T.DateType | T.TimestampType | T.TimestampNTZType)
+    )
 
 
 def _write_conf(spark_schema) -> dict[str, str]:
