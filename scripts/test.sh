@@ -14,7 +14,8 @@ export SPARK_LOCAL_IP=127.0.0.1
 # ~10 min more): CI runs this bounded set. SLOW=1 runs them too.
 bounded=(-m "not slow")
 [ "${SLOW:-0}" = 1 ] && bounded=()
-.venv/bin/python -m pytest -p no:cacheprovider "${bounded[@]}" "$@"
+# --durations=25: the slowest tests in every CI log, to keep the bounded set in check
+.venv/bin/python -m pytest -p no:cacheprovider --durations=25 "${bounded[@]}" "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test.sh: pytest collected no tests: that is a failure" >&2

@@ -84,7 +84,7 @@ def assert_exactly_once_prefix(target: Path, batches: int) -> None:
     assert len(ids) >= batches, f"{target}: {len(ids)} rows for {batches} batches"
 
 
-@pytest.mark.parametrize("queries", [2, 4])
+@pytest.mark.parametrize("queries", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_queries_in_one_driver_all_keep_running(tmp_path, queries):
     rc, out = run_driver(tmp_path, queries)
     assert rc == 0, report(out)

@@ -241,9 +241,20 @@ PREDEFINED_SPARK = spark
 """
 
 
+# Every notebook runs classic above; on Spark Connect the bounded set runs one (the crash
+# and recover notebook: a failed query and its restart through Connect), SLOW=1 all.
+CONNECT_BOUNDED = "03_crash_and_recover"
+
+
 @pytest.mark.spark
 @requires_spark_connect
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, id=p.stem, marks=[] if p.stem == CONNECT_BOUNDED else [pytest.mark.slow])
+        for p in NOTEBOOKS
+    ],
+)
 def test_notebook_runs_on_predefined_spark_connect_session(
     path, jupyter_path, tmp_path, monkeypatch
 ):

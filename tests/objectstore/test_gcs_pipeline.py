@@ -24,6 +24,7 @@ def test_the_shim_keeps_create_if_absent(gcs):
     assert gcs.keys() == ["k"]
 
 
+@pytest.mark.slow  # the 5xx/dropped-responses test below runs the same path in the bounded set
 def test_txn_delta_on_gcs_is_exactly_once(spark, tmp_path, gcs):
     p = S3Pipeline(spark, tmp_path, gcs, total=300, per_batch=100)
     assert p.run() is None

@@ -132,7 +132,24 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("fault", CASES)
+# Flat, the steps test_a_fault_at_every_step_in_one_pipeline (bounded, flat) fails are
+# slow-only here; every step keeps its own partitioned case in the bounded set.
+_COVERED_FLAT = {"phase1", "before_record", "after_record", "after_phase2", "after_commit"}
+
+
+def _layout_cases():
+    for fault in CASES:
+        for partitioned in (False, True):
+            slow = not partitioned and fault.partition(":")[0] in _COVERED_FLAT
+            yield pytest.param(
+                partitioned,
+                fault,
+                id=f"{'partitioned' if partitioned else 'flat'}-{fault}",
+                marks=[pytest.mark.slow] if slow else [],
+            )
+
+
+@pytest.mark.parametrize(("layout", "fault"), list(_layout_cases()), indirect=["layout"])
 def test_fault_then_restart_is_exactly_once(layout, fault):
     failure = layout.run(fault)
     assert failure is not None, "the injected fault must fail the query"
