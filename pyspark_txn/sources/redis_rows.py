@@ -92,7 +92,8 @@ def _fields_map(fields: Sequence[Any], map_type: Any) -> tuple[Any, dict[int, st
         flat = pa.array(list(chain.from_iterable(flats)), pa.binary())
         keys = flat.take(np.arange(0, len(flat), 2))
         items = flat.take(np.arange(1, len(flat), 2))
-        if len(keys) > len(flats) and not _same_names(flats, pairs, keys):
+        # (an entry of one pair cannot repeat a name; one left out counts no pair)
+        if (pairs > 1).any() and not _same_names(flats, pairs, keys):
             # a name given twice in an entry keeps its last value: that entry by entry
             owner = np.repeat(np.arange(len(flats)), pairs)
             distinct = pa.table({"e": owner, "k": keys}).group_by(["e", "k"]).aggregate([])

@@ -496,3 +496,20 @@ def test_rows_match_redis_fields_whatever_their_shape_both_from_the_claim_and_by
     assert all(p.received is None for p in again)
     assert rows(replay, again) == expected
     replay.stop()
+
+
+@pytest.mark.parametrize(
+    "map_type", [pa.map_(pa.string(), pa.string()), pa.map_(pa.string(), pa.binary())]
+)
+def test_a_name_given_twice_keeps_its_last_value_beside_a_bad_message(map_type):
+    """A bad message (null, left out) beside one that repeats a name: the repeated name
+    still keeps its last value (the check for repeats counted the bad entry as a pair)."""
+    from pyspark_txn.sources.redis_rows import _fields_map
+
+    fields, bad = _fields_map([[b"k", b"\xff"], [b"k", b"1", b"k", b"2"]], map_type)
+    got = fields.to_pylist()
+    if pa.types.is_string(map_type.item_type):
+        assert list(bad) == [0] and got[0] is None
+        assert got[1] == [("k", "2")]
+    else:  # binary values: \xff is a value, not a bad name
+        assert bad == {} and got == [[("k", b"\xff")], [("k", b"2")]]
