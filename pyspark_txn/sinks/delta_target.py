@@ -502,6 +502,7 @@ class DeltaTarget(Target):
         ``batch_id`` of this sink. Returns (new version, whether it held it already)."""
         dt, done = self._held(batch_id)
         if done is not None:
+            self._check_held_by(dt, done, query_id)
             return None, True
         if dt is not None and not txns:
             return None, False
@@ -509,6 +510,41 @@ class DeltaTarget(Target):
             dt, batch_id, txns, target_meta, {"query_id": query_id or "", "mode": "light"}
         )
         return (0 if dt is None else dt.version()), False
+
+    def _check_held_by(self, dt, done: int, query_id: str | None) -> None:
+        """Light mode has no record: a batch the table holds is a replay only if this
+        query wrote it. A new query (a new or reset checkpoint) writing as a sink id the
+        table has seen would otherwise drop every batch up to ``done`` as "already there".
+        The commit of the sink's latest batch names its query (``pyspark_txn.query_id``)."""
+        if not query_id:
+            return
+        entry = None
+        for limit in (10, 100, LIGHT_HISTORY_SCAN):  # each commit read is a GET on a store
+            entry = next(
+                (e for e in dt.history(limit) if e.get(META_PREFIX + "sink_id") == self.sink_id),
+                None,
+            )
+            if entry is not None or limit > dt.version():
+                break
+        if entry is not None:
+            writer = entry.get(META_PREFIX + "query_id") or None
+            if writer is None or writer == query_id:
+                return
+            raise CheckpointMismatchError(
+                f"sink {self.sink_id!r} (mode=light): the Delta table at {self.uri} already "
+                f"holds batches up to {done} of this sink, written by query {writer}; this "
+                f"query is {query_id} (another or a reset checkpoint). Its batches up to "
+                f"{done} would be dropped as already written. Give this query its own sinkId, "
+                "or run it on the checkpoint of the query that wrote them"
+            )
+        log.warning(
+            "sink %s (light): the table holds batch %d of this sink, but none of its last %d "
+            "commits names the query that wrote it; treating batch %d as a replay",
+            self.sink_id,
+            done,
+            LIGHT_HISTORY_SCAN,
+            done,
+        )
 
     def _write_commit(
         self,
@@ -648,6 +684,10 @@ class DeltaTarget(Target):
             "own sinkId; then abandon this snapshot (`pyspark-txn abandon`) or restore."
         )
 
+
+#: How many of the table's latest commits light mode reads for the one that holds the
+#: sink's latest batch (only when a batch is already there: a replay or another query).
+LIGHT_HISTORY_SCAN = 1000
 
 #: Delta's default ``delta.checkpointInterval`` (delta-rs's own hook uses 100).
 DEFAULT_CHECKPOINT_INTERVAL = 10

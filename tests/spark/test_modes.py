@@ -39,6 +39,19 @@ def test_light_mode_replay_is_a_no_op(pipeline):
     pipeline.assert_no_orphans()
 
 
+def test_light_mode_refuses_a_new_checkpoint_writing_as_a_sink_id_the_table_has(pipeline):
+    """Light mode has no record table: a new query (a new or reset checkpoint) with the
+    sinkId of batches already in the table would drop its own batches up to theirs as
+    "already written". The commit of the sink's latest batch names its query: refused."""
+    assert pipeline.run(mode="light", sinkId="shared") is None
+    version = DeltaTable(pipeline.target).version()
+    pipeline.checkpoint = pipeline.checkpoint + "-new"
+    failure = pipeline.run(mode="light", sinkId="shared")
+    assert failure is not None and "CheckpointMismatchError" in str(failure), str(failure)[:2000]
+    assert "its own sinkId" in str(failure)
+    assert DeltaTable(pipeline.target).version() == version  # nothing written, nothing dropped
+
+
 @pytest.mark.parametrize("fault", ["after_phase2:raise@batch=1", "after_commit:raise@batch=2"])
 def test_light_mode_failure_after_its_commit_keeps_the_files(pipeline, fault):
     """Spark aborts a batch whose commit landed and then failed: the table holds the
