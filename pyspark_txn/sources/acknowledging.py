@@ -49,10 +49,13 @@ here does everything else.
 
 from __future__ import annotations
 
+import gc
 import logging
 import marshal
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +77,32 @@ IDS_PER_PARTITION = 50000
 # fetches by id, so a task stays far below Spark's RPC message limit.
 RECEIVED_BYTES_PER_PARTITION = 16 << 20
 MAX_ROUNDS = 1000  # broker calls per planning while they return only redeliveries
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = True
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic GC while a broker reply of ~100k entries is parsed or packed: every
+    collection would walk the driver's held messages (lists of bytes, freed by reference
+    counting anyway), which cost a quarter of a second per 100k batch. Nests, and
+    works across threads (GC is back as it was when the last pause ends)."""
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 # --- the broker calls -----------------------------------------------------------------
@@ -315,6 +344,10 @@ class ClaimCoordinator:
         self.bounded = False  # Trigger.AvailableNow
         self.asked_initial = False
         self.acked_known = NO_CLAIM  # claims this process saw acknowledged in the log
+        # read-ahead: the next claim's broker call, made while Spark runs the batch
+        self._ahead: threading.Thread | None = None
+        self._ahead_ids: list[str] = []
+        self._ahead_error: BaseException | None = None
 
     def state(self) -> OffsetLogState:
         return self.store.load_offsets(self.source_id)
@@ -495,6 +528,42 @@ class ClaimCoordinator:
             )
         return s
 
+    def read_ahead(self, max_messages: int) -> None:
+        """Take the next deliveries from the broker now, in the background, while Spark
+        runs the batch just planned; the next :meth:`latest` claims them (checked for
+        redeliveries like any delivery). Only after recovery and when nothing read ahead
+        is waiting. They are delivered, not claimed: a stop or crash before the next
+        claim leaves them in this consumer's pending list, which recovery at the next
+        start claims first, exactly as after a crash between a read and its claim."""
+        if not self.recovered or self._ahead is not None or self._ahead_ids:
+            return
+
+        def run() -> None:
+            try:
+                self._ahead_ids = self.broker.claim(max_messages, 0)
+            except BaseException as e:  # noqa: BLE001 - raised by the next latest()
+                self._ahead_error = e
+
+        self._ahead = threading.Thread(target=run, name=f"{self.source_id}-read-ahead")
+        self._ahead.daemon = True
+        self._ahead.start()
+
+    def join_ahead(self) -> None:
+        """Wait for the read-ahead; its error, if any, is raised here (the next claim)."""
+        if self._ahead is not None:
+            self._ahead.join()
+            self._ahead = None
+        error, self._ahead_error = self._ahead_error, None
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        try:
+            self.join_ahead()
+        except Exception as e:  # noqa: BLE001 - stopping: the next start recovers them
+            log.warning("%s: reading ahead failed: %s", self.source_id, e)
+        self.broker.close()
+
     def _collect(self, s: OffsetLogState, cap: int, block_ms: int) -> list[str]:
         """Up to ``cap`` deliveries no claim holds: our lost ones, reclaimed, then new ones.
 
@@ -528,6 +597,11 @@ class ClaimCoordinator:
 
         take(self.backlog[:cap])
         self.backlog = self.backlog[cap:]
+        self.join_ahead()
+        if self._ahead_ids:  # delivered by the read-ahead, by the group's position
+            room = max(0, cap - len(fresh))
+            take(self._ahead_ids[:room], new=True)
+            self._ahead_ids = self._ahead_ids[room:]
         for fetch_more in (self.broker.reclaim, None):
             for _ in range(MAX_ROUNDS):
                 if len(fresh) >= cap:
@@ -688,6 +762,14 @@ class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         c = self.coordinator()
         ids = c.ids(lo, hi)
         parts = []
+        with gc_paused():
+            parts = self._pack(c, ids)
+        if len(ids) >= self.max_per_batch:
+            c.read_ahead(self.max_per_batch)  # a full batch: more is likely waiting
+        return parts
+
+    def _pack(self, c: ClaimCoordinator, ids: list[str]) -> list[ClaimedIds]:
+        parts = []
         for chunk in self.broker_config.split(ids):
             if chunk:
                 got = c.broker.received(chunk)
@@ -716,5 +798,5 @@ class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
 
     def stop(self) -> None:
         if self._coordinator is not None:
-            self._coordinator.broker.close()
+            self._coordinator.close()
             self._coordinator = None

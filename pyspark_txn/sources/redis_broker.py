@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ..errors import SourceError
 from .acknowledging import (
     Broker,
+    gc_paused,
 )
 from .redis_rows import (
     FORMAT,
@@ -206,6 +207,10 @@ class RedisBroker(Broker):
     # --- driver calls ------------------------------------------------------------
 
     def _read(self, streams: dict[str, str], count: int, block: int | None) -> list[str]:
+        with gc_paused():
+            return self._read_paused(streams, count, block)
+
+    def _read_paused(self, streams: dict[str, str], count: int, block: int | None) -> list[str]:
         res = self._call(
             "XREADGROUP",
             self.r.xreadgroup,

@@ -496,3 +496,84 @@ def test_rows_match_redis_fields_whatever_their_shape_both_from_the_claim_and_by
     assert all(p.received is None for p in again)
     assert rows(replay, again) == expected
     replay.stop()
+
+
+def test_a_full_batch_reads_the_next_claim_ahead_and_a_stop_loses_none(
+    redis_server, redis_db, tmp_path
+):
+    """After planning a full batch the reader takes the next deliveries in the background;
+    the next batch claims them, and a reader stopped (or dead) holding them (delivered,
+    never claimed) leaves them to the next start's recovery: every message once."""
+    from pyspark.sql.types import MapType, StringType, StructField, StructType
+
+    schema = StructType(
+        [
+            StructField("stream", StringType()),
+            StructField("id", StringType()),
+            StructField("fields", MapType(StringType(), StringType())),
+        ]
+    )
+    for i in range(25):
+        redis_db.xadd("s", {"k": str(i)})
+    o = options(redis_server, tmp_path, maxMessagesPerBatch="10")
+
+    def pending() -> int:
+        return int(redis_db.xpending("s", "g")["pending"])
+
+    reader = o.reader(schema)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, None)
+    reader.partitions(start, end)  # a full batch: the next 10 are read ahead
+    reader.coordinator().join_ahead()
+    assert pending() == 20
+    end2 = reader.latestOffset(end, None)
+    ids = reader.coordinator().ids(reader._claim_of(start), reader._claim_of(end2))
+    assert len(ids) == 20 and len(set(ids)) == 20
+    parts = reader.partitions(end, end2)  # full again: reads the last 5 ahead
+    assert all(p.received is not None for p in parts)  # served from the read-ahead
+    reader.stop()
+    assert pending() == 15  # batch 1 acked when batch 2 was planned; 10 + 5 read ahead
+
+    after = o.reader(schema)  # a restart: replays batch 2, then recovers the 5
+    after.partitions(end, end2)
+    end3 = after.latestOffset(end2, None)
+    every = after.coordinator().ids(after._claim_of(start), after._claim_of(end3))
+    assert sorted(every) == sorted(f"s/{e.decode()}" for e, _ in redis_db.xrange("s"))
+    assert len(every) == 25
+    assert after.latestOffset(end3, None) == end3  # nothing more
+    after.commit(end3)
+    assert pending() == 0
+    after.stop()
+
+
+def test_gc_pauses_nest_across_threads_and_restore_the_setting():
+    import gc
+    import threading
+
+    from pyspark_txn.sources.acknowledging import gc_paused
+
+    assert gc.isenabled()
+    inner = threading.Event()
+    release = threading.Event()
+
+    def other() -> None:
+        with gc_paused():
+            inner.set()
+            release.wait(10)
+
+    t = threading.Thread(target=other)
+    with gc_paused():
+        t.start()
+        inner.wait(10)
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the other thread's pause still holds
+    release.set()
+    t.join()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # off before: stays off
+    finally:
+        gc.enable()
