@@ -61,6 +61,16 @@ def install() -> None:
     ]:
         timed(AcknowledgingStreamReader, name, step)
     timed(TxnDeltaStreamWriter, "commit", "driver.sink_commit")
+    # inside latestOffset: the ack, waiting for the read-ahead, the claim-log append,
+    # and the broker's XREADGROUP (in the read-ahead thread or in latestOffset)
+    from pyspark_txn.sources import acknowledging
+    from pyspark_txn.sources.redis_broker import RedisBroker
+
+    timed(acknowledging.ClaimCoordinator, "join_ahead", "driver.latest.join_ahead")
+    timed(acknowledging.ClaimCoordinator, "_claim", "driver.latest.claim_append")
+    timed(RedisBroker, "claim", "driver.xreadgroup")
+    timed(RedisBroker, "ack", "driver.xack")
+    timed(acknowledging, "_ack_through", "driver.latest.ack_and_record")
     timed(TxnDeltaStreamWriter, "__getstate__", "driver.sink_prepare")
 
     read = AcknowledgingStreamReader.read

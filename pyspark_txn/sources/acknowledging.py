@@ -177,6 +177,10 @@ class Broker(ABC):
         (``claim``) of it is a redelivery of a claim summarized away."""
         return False
 
+    def covered_many(self, marks: Mapping[str, str], ids: Sequence[str]) -> list[bool]:
+        """:meth:`covered` of each of ``ids`` (a broker may do it faster in one go)."""
+        return [self.covered(marks, m) for m in ids]
+
     def bound_to_now(self) -> None:  # noqa: B027 - optional
         """Trigger.AvailableNow: from now on ``claim`` stops at what exists now.
         Without it the stream ends when ``claim`` returns nothing."""
@@ -348,6 +352,7 @@ class ClaimCoordinator:
         self._ahead: threading.Thread | None = None
         self._ahead_ids: list[str] = []
         self._ahead_error: BaseException | None = None
+        self._written: OffsetLogState | None = None  # the log after this process's last claim
 
     def state(self) -> OffsetLogState:
         return self.store.load_offsets(self.source_id)
@@ -410,6 +415,11 @@ class ClaimCoordinator:
 
     def ids(self, start: int, end: int) -> list[str]:
         """The exact message ids of batch ``(start, end]``."""
+        w = self._written
+        if w is not None and w.first_kept - 1 <= start <= end <= w.last_offset:
+            # the batch this process just claimed: a claim never changes once written,
+            # so the log need not be read again to plan it
+            return _by_claim(w, start, end)
         s = self.state()
         self.check_range(s, start, end)
         return _by_claim(s, start, end)
@@ -580,9 +590,10 @@ class ClaimCoordinator:
             nonlocal dropped
             held = [(m, s.claim_of(m)) for m in ids]
             if new and s.marks:
+                below = self.broker.covered_many(s.marks, ids)
                 held = [
-                    (m, s.acked_through if c is None and self.broker.covered(s.marks, m) else c)
-                    for m, c in held
+                    (m, s.acked_through if c is None and b else c)
+                    for (m, c), b in zip(held, below, strict=True)
                 ]
             again = [(m, c) for m, c in held if c is not None]
             for m, c in held:
@@ -646,6 +657,7 @@ class ClaimCoordinator:
         self.faults.hit("before_claim", expected + 1)
         _, s = self.store.update(self.source_id, offset_log_events.fold_offsets, transition, s)
         self.faults.hit("after_claim", s.last_offset)
+        self._written = s
         log.info("%s: claim %d: %d messages", self.source_id, s.last_offset, len(ids))
         return s.last_offset
 
