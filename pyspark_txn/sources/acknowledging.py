@@ -397,12 +397,16 @@ class ClaimCoordinator:
                 )
 
     def latest(self, start: int, cap: int, block_ms: int = 0) -> int:
-        """The end of the next batch after ``start`` (claims ``<= start`` are committed)."""
-        s = self.state()
+        """The end of the next batch after ``start`` (claims ``<= start`` are committed).
+
+        Starts from the log as this process last wrote it, not a fresh read: every write
+        below is a conditional append that re-reads the log if anyone else wrote to it
+        (a sink's :func:`ack_committed`; a second reader, refused in :meth:`_claim`)."""
+        s = self._written if self._written is not None else self.state()
         self.check_range(s, start)
         s = _ack_through(self.store, self.source_id, self.broker, s, start, self.faults)
         self.acked_known = max(self.acked_known, s.acked_through)
-        s = self._bound(s)
+        s = self._written = self._bound(s)
         if not self.recovered:
             s = self._recover(s)
             self.recovered = True
@@ -433,7 +437,7 @@ class ClaimCoordinator:
         self.check_range(s, end)
         s = _ack_through(self.store, self.source_id, self.broker, s, end, self.faults)
         self.acked_known = max(self.acked_known, s.acked_through)
-        self._bound(s)
+        self._written = self._bound(s)
 
     def _bound(self, s: OffsetLogState) -> OffsetLogState:
         """Summarize the claim log every so many events and delete what the summary
