@@ -49,13 +49,10 @@ here does everything else.
 
 from __future__ import annotations
 
-import gc
 import logging
 import marshal
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,32 +74,6 @@ IDS_PER_PARTITION = 50000
 # fetches by id, so a task stays far below Spark's RPC message limit.
 RECEIVED_BYTES_PER_PARTITION = 16 << 20
 MAX_ROUNDS = 1000  # broker calls per planning while they return only redeliveries
-
-
-_gc_lock = threading.Lock()
-_gc_pauses = 0
-_gc_was_enabled = True
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic GC while a broker reply of ~100k entries is parsed or packed: every
-    collection would walk the driver's held messages (lists of bytes, freed by reference
-    counting anyway), which cost a quarter of a second per 100k batch. Nests, and
-    works across threads (GC is back as it was when the last pause ends)."""
-    global _gc_pauses, _gc_was_enabled
-    with _gc_lock:
-        if _gc_pauses == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pauses += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_was_enabled:
-                gc.enable()
 
 
 # --- the broker calls -----------------------------------------------------------------
@@ -176,10 +147,6 @@ class Broker(ABC):
         """Whether ``message_id`` is at or below its partition's mark: a *new* delivery
         (``claim``) of it is a redelivery of a claim summarized away."""
         return False
-
-    def covered_many(self, marks: Mapping[str, str], ids: Sequence[str]) -> list[bool]:
-        """:meth:`covered` of each of ``ids`` (a broker may do it faster in one go)."""
-        return [self.covered(marks, m) for m in ids]
 
     def bound_to_now(self) -> None:  # noqa: B027 - optional
         """Trigger.AvailableNow: from now on ``claim`` stops at what exists now.
@@ -348,11 +315,6 @@ class ClaimCoordinator:
         self.bounded = False  # Trigger.AvailableNow
         self.asked_initial = False
         self.acked_known = NO_CLAIM  # claims this process saw acknowledged in the log
-        # read-ahead: the next claim's broker call, made while Spark runs the batch
-        self._ahead: threading.Thread | None = None
-        self._ahead_ids: list[str] = []
-        self._ahead_error: BaseException | None = None
-        self._written: OffsetLogState | None = None  # the log after this process's last claim
 
     def state(self) -> OffsetLogState:
         return self.store.load_offsets(self.source_id)
@@ -397,16 +359,12 @@ class ClaimCoordinator:
                 )
 
     def latest(self, start: int, cap: int, block_ms: int = 0) -> int:
-        """The end of the next batch after ``start`` (claims ``<= start`` are committed).
-
-        Starts from the log as this process last wrote it, not a fresh read: every write
-        below is a conditional append that re-reads the log if anyone else wrote to it
-        (a sink's :func:`ack_committed`; a second reader, refused in :meth:`_claim`)."""
-        s = self._written if self._written is not None else self.state()
+        """The end of the next batch after ``start`` (claims ``<= start`` are committed)."""
+        s = self.state()
         self.check_range(s, start)
         s = _ack_through(self.store, self.source_id, self.broker, s, start, self.faults)
         self.acked_known = max(self.acked_known, s.acked_through)
-        s = self._written = self._bound(s)
+        s = self._bound(s)
         if not self.recovered:
             s = self._recover(s)
             self.recovered = True
@@ -419,11 +377,6 @@ class ClaimCoordinator:
 
     def ids(self, start: int, end: int) -> list[str]:
         """The exact message ids of batch ``(start, end]``."""
-        w = self._written
-        if w is not None and w.first_kept - 1 <= start <= end <= w.last_offset:
-            # the batch this process just claimed: a claim never changes once written,
-            # so the log need not be read again to plan it
-            return _by_claim(w, start, end)
         s = self.state()
         self.check_range(s, start, end)
         return _by_claim(s, start, end)
@@ -437,7 +390,7 @@ class ClaimCoordinator:
         self.check_range(s, end)
         s = _ack_through(self.store, self.source_id, self.broker, s, end, self.faults)
         self.acked_known = max(self.acked_known, s.acked_through)
-        self._written = self._bound(s)
+        self._bound(s)
 
     def _bound(self, s: OffsetLogState) -> OffsetLogState:
         """Summarize the claim log every so many events and delete what the summary
@@ -542,42 +495,6 @@ class ClaimCoordinator:
             )
         return s
 
-    def read_ahead(self, max_messages: int) -> None:
-        """Take the next deliveries from the broker now, in the background, while Spark
-        runs the batch just planned; the next :meth:`latest` claims them (checked for
-        redeliveries like any delivery). Only after recovery and when nothing read ahead
-        is waiting. They are delivered, not claimed: a stop or crash before the next
-        claim leaves them in this consumer's pending list, which recovery at the next
-        start claims first, exactly as after a crash between a read and its claim."""
-        if not self.recovered or self._ahead is not None or self._ahead_ids:
-            return
-
-        def run() -> None:
-            try:
-                self._ahead_ids = self.broker.claim(max_messages, 0)
-            except BaseException as e:  # noqa: BLE001 - raised by the next latest()
-                self._ahead_error = e
-
-        self._ahead = threading.Thread(target=run, name=f"{self.source_id}-read-ahead")
-        self._ahead.daemon = True
-        self._ahead.start()
-
-    def join_ahead(self) -> None:
-        """Wait for the read-ahead; its error, if any, is raised here (the next claim)."""
-        if self._ahead is not None:
-            self._ahead.join()
-            self._ahead = None
-        error, self._ahead_error = self._ahead_error, None
-        if error is not None:
-            raise error
-
-    def close(self) -> None:
-        try:
-            self.join_ahead()
-        except Exception as e:  # noqa: BLE001 - stopping: the next start recovers them
-            log.warning("%s: reading ahead failed: %s", self.source_id, e)
-        self.broker.close()
-
     def _collect(self, s: OffsetLogState, cap: int, block_ms: int) -> list[str]:
         """Up to ``cap`` deliveries no claim holds: our lost ones, reclaimed, then new ones.
 
@@ -594,10 +511,9 @@ class ClaimCoordinator:
             nonlocal dropped
             held = [(m, s.claim_of(m)) for m in ids]
             if new and s.marks:
-                below = self.broker.covered_many(s.marks, ids)
                 held = [
-                    (m, s.acked_through if c is None and b else c)
-                    for (m, c), b in zip(held, below, strict=True)
+                    (m, s.acked_through if c is None and self.broker.covered(s.marks, m) else c)
+                    for m, c in held
                 ]
             again = [(m, c) for m, c in held if c is not None]
             for m, c in held:
@@ -612,11 +528,6 @@ class ClaimCoordinator:
 
         take(self.backlog[:cap])
         self.backlog = self.backlog[cap:]
-        self.join_ahead()
-        if self._ahead_ids:  # delivered by the read-ahead, by the group's position
-            room = max(0, cap - len(fresh))
-            take(self._ahead_ids[:room], new=True)
-            self._ahead_ids = self._ahead_ids[room:]
         for fetch_more in (self.broker.reclaim, None):
             for _ in range(MAX_ROUNDS):
                 if len(fresh) >= cap:
@@ -661,7 +572,6 @@ class ClaimCoordinator:
         self.faults.hit("before_claim", expected + 1)
         _, s = self.store.update(self.source_id, offset_log_events.fold_offsets, transition, s)
         self.faults.hit("after_claim", s.last_offset)
-        self._written = s
         log.info("%s: claim %d: %d messages", self.source_id, s.last_offset, len(ids))
         return s.last_offset
 
@@ -778,14 +688,6 @@ class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         c = self.coordinator()
         ids = c.ids(lo, hi)
         parts = []
-        with gc_paused():
-            parts = self._pack(c, ids)
-        if len(ids) >= self.max_per_batch:
-            c.read_ahead(self.max_per_batch)  # a full batch: more is likely waiting
-        return parts
-
-    def _pack(self, c: ClaimCoordinator, ids: list[str]) -> list[ClaimedIds]:
-        parts = []
         for chunk in self.broker_config.split(ids):
             if chunk:
                 got = c.broker.received(chunk)
@@ -814,5 +716,5 @@ class AcknowledgingStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
 
     def stop(self) -> None:
         if self._coordinator is not None:
-            self._coordinator.close()
+            self._coordinator.broker.close()
             self._coordinator = None

@@ -13,7 +13,6 @@ from urllib.parse import urlsplit, urlunsplit
 from ..errors import SourceError
 from .acknowledging import (
     Broker,
-    gc_paused,
 )
 from .redis_rows import (
     FORMAT,
@@ -123,29 +122,6 @@ def covered(marks: Mapping[str, str], message_id: str) -> bool:
     return mark is not None and _entry_key(entry) <= _entry_key(_split_id(mark)[1])
 
 
-def covered_many(marks: Mapping[str, str], ids: Sequence[str]) -> list[bool]:
-    """:func:`covered` of each of ``ids``, the marks parsed once. An entry whose
-    millisecond part is longer, or as long and greater as text, than its mark's is above
-    it without parsing numbers (entry ids have no leading zeros): a claim's ids are
-    almost all there."""
-    keys = {s: _entry_key(_split_id(m)[1]) for s, m in marks.items()}
-    texts = {s: str(k[0]) for s, k in keys.items()}
-    out = []
-    for m in ids:
-        s, _, entry = m.rpartition("/")
-        key = keys.get(s)
-        if key is None:
-            out.append(False)
-            continue
-        ms, _, _ = entry.partition("-")
-        mark_ms = texts[s]
-        if len(ms) > len(mark_ms) or (len(ms) == len(mark_ms) and ms > mark_ms):
-            out.append(False)
-        else:
-            out.append(_entry_key(entry) <= key)
-    return out
-
-
 class RedisBroker(Broker):
     def __init__(self, cfg: RedisSourceOptions) -> None:
         self.cfg = cfg
@@ -230,10 +206,6 @@ class RedisBroker(Broker):
     # --- driver calls ------------------------------------------------------------
 
     def _read(self, streams: dict[str, str], count: int, block: int | None) -> list[str]:
-        with gc_paused():
-            return self._read_paused(streams, count, block)
-
-    def _read_paused(self, streams: dict[str, str], count: int, block: int | None) -> list[str]:
         res = self._call(
             "XREADGROUP",
             self.r.xreadgroup,
@@ -402,9 +374,6 @@ class RedisBroker(Broker):
 
     def covered(self, marks: Mapping[str, str], message_id: str) -> bool:
         return covered(marks, message_id)
-
-    def covered_many(self, marks: Mapping[str, str], ids: Sequence[str]) -> list[bool]:
-        return covered_many(marks, ids)
 
     def ack(self, ids: Sequence[str]) -> None:
         by_stream: dict[str, list[str]] = {}
