@@ -176,7 +176,7 @@ def breakdown(folder: str) -> None:
     for x in lines:
         # a batch: from the claim before its partitions() to the next claim
         k = sum(1 for c in cuts if c <= x["t0"]) - 1
-        if x["step"] == "driver.latestOffset":
+        if x["step"] == "driver.latestOffset" or x["step"].startswith("driver.latest."):
             k += 1  # the claim of the batch planned next
         if 0 <= k < len(batches):
             batches[k].append(x)

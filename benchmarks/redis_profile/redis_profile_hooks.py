@@ -23,8 +23,8 @@ def record(step: str, t0: float, t1: float, cpu: float, **extra: Any) -> None:
 
 
 def timed(cls: type, name: str, step: str) -> None:
-    fn = getattr(cls, name)
-    if getattr(fn, "_bench_wrapped", False):
+    fn = getattr(cls, name, None)
+    if fn is None or getattr(fn, "_bench_wrapped", False):  # (a step this code lacks)
         return
 
     @functools.wraps(fn)
@@ -61,6 +61,16 @@ def install() -> None:
     ]:
         timed(AcknowledgingStreamReader, name, step)
     timed(TxnDeltaStreamWriter, "commit", "driver.sink_commit")
+    # inside latestOffset: the ack, waiting for the read-ahead, the claim-log append,
+    # and the broker's XREADGROUP (in the read-ahead thread or in latestOffset)
+    from pyspark_txn.sources import acknowledging
+    from pyspark_txn.sources.redis_broker import RedisBroker
+
+    timed(acknowledging.ClaimCoordinator, "join_ahead", "driver.latest.join_ahead")
+    timed(acknowledging.ClaimCoordinator, "_claim", "driver.latest.claim_append")
+    timed(RedisBroker, "claim", "driver.xreadgroup")
+    timed(RedisBroker, "ack", "driver.xack")
+    timed(acknowledging, "_ack_through", "driver.latest.ack_and_record")
     timed(TxnDeltaStreamWriter, "__getstate__", "driver.sink_prepare")
 
     read = AcknowledgingStreamReader.read
