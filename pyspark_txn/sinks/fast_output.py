@@ -203,13 +203,11 @@ def _fsync_file(path: str) -> None:
         os.close(fd)
 
 
-def _measure(
-    fs, root: str, move: _Move, local: bool, schema, fsync: bool | None = None
-) -> TxnHandle:
+def _measure(fs, root: str, move: _Move, local: bool, schema, fsync: bool = True) -> TxnHandle:
     """Size, CRC32, rows and Delta stats of one staged file: the CRC32 over the bytes
     read a chunk at a time (into one buffer), the footer read by itself (its end of the
-    file only). ``fsync`` (default: on local disks) syncs the file too; the caller that
-    passes False syncs it itself."""
+    file only). On local disks ``fsync`` syncs the file too; the caller that passes False
+    syncs it itself."""
     import pyarrow.parquet as pq
 
     path = _fs.join(root, move.rel)
@@ -221,7 +219,7 @@ def _measure(
             while n := f.readinto(buffer):
                 crc = zlib.crc32(view[:n], crc)
                 size += n
-            if fsync is None or fsync:
+            if fsync:
                 os.fsync(f.fileno())
         else:
             while chunk := f.read(_CHUNK):

@@ -216,15 +216,11 @@ class RedisBroker(Broker):
             block=block,
         )
         out: list[str] = []
-        keep = self._received
         for name, entries in _streams_of(res):
             s = name.decode()
             ids = [f"{s}/{e[0].decode()}" for e in entries]
             out.extend(ids)
-            if len(keep) < _KEEP_RECEIVED:
-                for m, e in zip(ids, entries, strict=True):
-                    if e[1]:
-                        keep[m] = e[1]
+            self._keep_received(zip(ids, (e[1] for e in entries), strict=True))
             if self._targets is not None and (
                 len(entries) < count
                 or (entries and _entry_key(entries[-1][0].decode()) >= self._targets[s])
@@ -308,13 +304,17 @@ class RedisBroker(Broker):
             )
             cursor, entries = res[0], res[1]
             self._cursors[s] = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
-            for e in entries:
-                if e and e[1]:
-                    m = f"{s}/{e[0].decode()}"
-                    out.append(m)
-                    if len(self._received) < _KEEP_RECEIVED:
-                        self._received[m] = e[1]
+            got = [(f"{s}/{e[0].decode()}", e[1]) for e in entries if e and e[1]]
+            out.extend(m for m, _ in got)
+            self._keep_received(got)
         return out
+
+    def _keep_received(self, deliveries: Iterable[tuple[str, Any]]) -> None:
+        """Hold what deliveries (message id, fields) carried for their read tasks, while
+        fewer than ``_KEEP_RECEIVED`` are held."""
+        keep = self._received
+        if len(keep) < _KEEP_RECEIVED:
+            keep.update((m, fields) for m, fields in deliveries if fields)
 
     def received(self, ids: Sequence[str]) -> list[Any] | None:
         """The fields of ``ids`` as ``XREADGROUP``/``XAUTOCLAIM`` handed them to this
