@@ -12,7 +12,7 @@ from ..sinks.twophase import (
     target_lost,
 )
 from ..state import SnapshotRecord
-from ..state.core import is_export_token
+from ..state.core import is_export_token, is_lease_token
 from ..storage import fs as _fs
 from .handle import POSTGRES, SinkHandle, _in_handle_storage, opened_target
 from .repair import SnapshotStatus, _stuck
@@ -130,6 +130,7 @@ class _TargetView:
     exists: bool | None = None  # None: not known
     staged_attempts: int = 0
     staged_txns: int | None = None
+    staged: frozenset[tuple[int, str]] = frozenset()  # (snapshot id, token) of each
 
 
 def _view(handle: SinkHandle, target: Any) -> _TargetView:
@@ -137,21 +138,25 @@ def _view(handle: SinkHandle, target: Any) -> _TargetView:
         from ..sinks.postgres_db import parse_gid
 
         gids = target.prepared_txns()
+        attempts = {parse_gid(g, handle.sink_id) for g in gids}
         return _TargetView(
             batch=target.committed_batch(handle.sink_id),
             exists=target.table_exists(),
-            staged_attempts=len({parse_gid(g, handle.sink_id) for g in gids}),
+            staged_attempts=len(attempts),
             staged_txns=len(gids),
+            staged=frozenset(a for a in attempts if a is not None),
         )
     from ..storage.delta_tables import open_table
 
     assert handle.target_uri is not None
     dt = open_table(handle.target_uri, dict(handle.storage_options))
+    staged = frozenset(target.staged_attempts())
     return _TargetView(
         batch=dt.transaction_version(handle.sink_id) if dt is not None else None,
         version=dt.version() if dt is not None else None,
         exists=dt is not None,
-        staged_attempts=len(target.staged_attempts()),
+        staged_attempts=len(staged),
+        staged=staged,
     )
 
 
@@ -200,11 +205,28 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
         and state.record_for_snapshot(sid) is None
     ]
     open_exports = tuple(sid for sid in unrecorded if is_export_token(state.allocations[sid]))
+
+    def reserved_only(sid: int) -> bool:
+        """An id of a planner's lease that no batch used (so far): nothing to roll back."""
+        token = state.allocations[sid]
+        return (
+            is_lease_token(token)
+            and (sid, token) not in view.staged
+            and sid not in state.abandoned
+            and state.record_for_snapshot(sid) is None
+        )
+
     open_attempts = tuple(
-        sid for sid in unrecorded if sid > floor and not is_export_token(state.allocations[sid])
+        sid
+        for sid in unrecorded
+        if sid > floor and not is_export_token(state.allocations[sid]) and not reserved_only(sid)
     )
     planned = latest_batch(checkpoint) if checkpoint else None
-    batch_ids = [sid for sid, tok in state.allocations.items() if not is_export_token(tok)]
+    batch_ids = [
+        sid
+        for sid, tok in state.allocations.items()
+        if not is_export_token(tok) and not reserved_only(sid)
+    ]
     top = max(batch_ids, default=None)
     failed_attempt = (
         planned is not None

@@ -25,7 +25,7 @@ from ..errors import (
     ProtocolViolation,
     TxnError,
 )
-from .events import Event, EventKind
+from .events import LEASE_FORMAT, Event, EventKind
 from .fold import (  # noqa: F401 (re-exported: the names of state.core)
     SUMMARY_OWNERS,
     SinkState,
@@ -57,6 +57,8 @@ from .records import (  # noqa: F401 (re-exported: the names of state.core)
     _violation,
     check_snapshot_name,
     is_export_token,
+    is_lease_token,
+    new_lease_token,
     new_token,
 )
 from .retention import (  # noqa: F401 (re-exported: the names of state.core)
@@ -130,13 +132,22 @@ def check_epoch(state: SinkState, epoch: int) -> None:
         raise _fenced(state, f"the run holding epoch {epoch}")
 
 
-def allocate(state: SinkState, token: str | None = None) -> Event:
-    """Reserve the next snapshot id; it is never reused, even if the attempt fails.
+def allocate(state: SinkState, token: str | None = None, count: int = 1) -> Event:
+    """Reserve the next snapshot id (``count`` > 1: the next ``count`` ids, each with
+    its own token, a planner's lease); none is ever reused, even if its attempt fails.
 
     Allocation is not fenced: Spark plans a batch in a pooled Python worker
     that cannot tell which run it plans for. An allocation is only a
     reservation; the run that records it is fenced (:func:`take_over`).
     """
+    if count < 1 or (count > 1 and token is not None):
+        raise ValueError(f"allocate: count={count} with token={token!r}")
+    if count == 1:
+        payload: dict[str, Any] = {"token": token if token is not None else new_token()}
+    else:
+        # the first id is taken at once; the others are reserved ahead
+        tokens = [new_token()] + [new_lease_token() for _ in range(count - 1)]
+        payload = {"token": tokens[0], "tokens": tokens}
     return Event(
         stream=state.sink_id,
         seq=state.next_seq,
@@ -144,8 +155,16 @@ def allocate(state: SinkState, token: str | None = None) -> Event:
         epoch=state.epoch,
         snapshot_id=state.ongoing_snapshot_id + 1,
         query_id=state.query_id,
-        payload={"token": token if token is not None else new_token()},
+        payload=payload,
+        format_version=LEASE_FORMAT if count > 1 else 0,
     )
+
+
+def allocated_ids(event: Event) -> list[tuple[int, str]]:
+    """``(snapshot id, token)`` of every id an ``allocated`` event reserves, in order."""
+    assert event.kind is EventKind.ALLOCATED and event.snapshot_id is not None
+    tokens = event.payload.get("tokens") or [event.payload.get("token", "")]
+    return [(event.snapshot_id + i, str(t)) for i, t in enumerate(tokens)]
 
 
 @dataclass(frozen=True)

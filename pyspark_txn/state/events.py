@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the pure core imports pyarrow only when it converts
 
 #: Bumped when the meaning of a column or payload key changes. Readers refuse
 #: newer versions instead of guessing what they mean.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 #: The format each kind is written with: readers that predate a kind refuse it
 #: by version instead of misreading it (version 1 readers know no summaries).
 _KIND_FORMAT = {
@@ -33,6 +33,9 @@ _KIND_FORMAT = {
     "export_failed": 3,
     "consumer": 4,
 }
+#: An ``allocated`` event that reserves several ids (a lease, key ``tokens``): a reader
+#: that predates leases would take it for one id and refuse the records of the others.
+LEASE_FORMAT = 5
 
 
 class EventKind(str, Enum):

@@ -114,9 +114,15 @@ class SinkState:
                     Invariant.IDS_STRICTLY_INCREASE,
                     f"allocated {sid} after {self.ongoing_snapshot_id}",
                 )
+            # one id, or a lease of several ids with a token each (state.core.allocate)
+            tokens = e.payload.get("tokens") or [e.payload.get("token", "")]
             allocations = dict(self.allocations)
-            allocations[sid] = e.payload.get("token", "")
-            return replace(s, ongoing_snapshot_id=sid, allocations=MappingProxyType(allocations))
+            allocations.update({sid + i: str(t) for i, t in enumerate(tokens)})
+            return replace(
+                s,
+                ongoing_snapshot_id=sid + len(tokens) - 1,
+                allocations=MappingProxyType(allocations),
+            )
         if e.kind is EventKind.SNAPSHOT:
             rec = SnapshotRecord.from_event(e)
             if rec.snapshot_id not in self.allocations or rec.snapshot_id in self.abandoned:

@@ -100,6 +100,20 @@ def new_token() -> str:
     return uuid.uuid4().hex[:10]
 
 
+#: The tokens of the ids one allocation reserves ahead, after the one it takes at once
+#: (:func:`state.core.allocate` with ``count`` > 1), start so (no hex digit does): status
+#: tells an id reserved but never used from a batch left unfinished.
+LEASE_TOKEN_PREFIX = "r"
+
+
+def new_lease_token() -> str:
+    return LEASE_TOKEN_PREFIX + uuid.uuid4().hex[:9]
+
+
+def is_lease_token(token: str) -> bool:
+    return token.startswith(LEASE_TOKEN_PREFIX)
+
+
 #: The token of an export's allocation starts so: status tells an export's id (no
 #: batch, nothing staged) from a batch's, and never advises abandoning it as a batch.
 EXPORT_TOKEN_PREFIX = "export-"

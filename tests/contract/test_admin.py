@@ -528,8 +528,13 @@ def test_cli_status_after_a_failed_first_batch_and_a_killed_run(tmp_path, capsys
     sink.batch(0, [1, 2])
     code, out, _ = run_cli(capsys, "status", sink.chk)
     assert code == 0 and out.splitlines()[0] == f"sink {sink.sink_id}: healthy"
-    sid, token = sink.committer().allocate()  # a killed run's staged files
-    stage_partition([], sink.opts.staging(), sid, token, 0, SCHEMA)
+    # an id the planner reserved ahead and never used is no unfinished batch (a lease,
+    # docs/protocol.md); once a killed run staged files under it, it is
+    sid, token = sink.committer().allocate()
+    code, out, _ = run_cli(capsys, "status", sink.chk, "--json")
+    assert json.loads(out)["open_attempts"] == []
+    rows = pa.record_batch([pa.array([7], pa.int64()), pa.array(["v7"])], schema=SCHEMA)
+    stage_partition([rows], sink.opts.staging(), sid, token, 0, SCHEMA)
     code, out, _ = run_cli(capsys, "status", sink.chk, "--json")
     assert json.loads(out)["open_attempts"] == [sid]
 

@@ -7,7 +7,7 @@ from support import MemoryTarget
 
 from pyspark_txn.errors import FencedError, ProtocolViolation, TxnError
 from pyspark_txn.faults import InjectedFault
-from pyspark_txn.sinks.twophase import TwoPhaseCommitter
+from pyspark_txn.sinks.twophase import LEASE_IDS, TwoPhaseCommitter
 from pyspark_txn.state import (
     EventKind,
     MemoryEventLog,
@@ -57,9 +57,11 @@ def test_history_stays_bounded_and_the_table_complete(sink):
         sizes.append((len(store.events(SINK)), len(state.records), len(state.allocations)))
     assert target.rows == list(range(300))
     # events since the last summary, and what a summary keeps: never more than a bound
+    # (a batch appends one event, its record: the planner takes its id from a lease of
+    # LEASE_IDS ids reserved by one event, and the reserved ids are kept allocations)
     assert max(n for n, _, _ in sizes) <= 2 * 3 + 4 + 4
-    assert max(r for _, r, _ in sizes) <= 3 + 4 + 1
-    assert max(a for _, _, a in sizes) <= 3 + 4 + 4
+    assert max(r for _, r, _ in sizes) <= 2 * 3 + 4 + 4
+    assert max(a for _, _, a in sizes) <= 2 * 3 + 4 + 4 + LEASE_IDS
     assert store.events(SINK)[0].seq > 0  # older events were deleted
 
 
