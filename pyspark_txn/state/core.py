@@ -29,6 +29,7 @@ from .events import LEASE_FORMAT, Event, EventKind
 from .fold import (  # noqa: F401 (re-exported: the names of state.core)
     SUMMARY_OWNERS,
     SinkState,
+    allocated_ids,
     check_invariants,
     fold,
     fold_sink,
@@ -158,13 +159,6 @@ def allocate(state: SinkState, token: str | None = None, count: int = 1) -> Even
         payload=payload,
         format_version=LEASE_FORMAT if count > 1 else 0,
     )
-
-
-def allocated_ids(event: Event) -> list[tuple[int, str]]:
-    """``(snapshot id, token)`` of every id an ``allocated`` event reserves, in order."""
-    assert event.kind is EventKind.ALLOCATED and event.snapshot_id is not None
-    tokens = event.payload.get("tokens") or [event.payload.get("token", "")]
-    return [(event.snapshot_id + i, str(t)) for i, t in enumerate(tokens)]
 
 
 @dataclass(frozen=True)

@@ -114,14 +114,11 @@ class SinkState:
                     Invariant.IDS_STRICTLY_INCREASE,
                     f"allocated {sid} after {self.ongoing_snapshot_id}",
                 )
-            # one id, or a lease of several ids with a token each (state.core.allocate)
-            tokens = e.payload.get("tokens") or [e.payload.get("token", "")]
+            ids = allocated_ids(e)
             allocations = dict(self.allocations)
-            allocations.update({sid + i: str(t) for i, t in enumerate(tokens)})
+            allocations.update(ids)
             return replace(
-                s,
-                ongoing_snapshot_id=sid + len(tokens) - 1,
-                allocations=MappingProxyType(allocations),
+                s, ongoing_snapshot_id=ids[-1][0], allocations=MappingProxyType(allocations)
             )
         if e.kind is EventKind.SNAPSHOT:
             rec = SnapshotRecord.from_event(e)
@@ -345,6 +342,14 @@ def fold_sink(sink_id: str, events: Iterable[Event]) -> SinkState:
 def check_invariants(sink_id: str, events: Iterable[Event]) -> SinkState:
     """Raise ``ProtocolViolation`` naming the first broken invariant, else return the fold."""
     return fold_sink(sink_id, events)
+
+
+def allocated_ids(event: Event) -> list[tuple[int, str]]:
+    """``(snapshot id, token)`` of every id an ``allocated`` event reserves, in order: one,
+    or a planner's lease of several with a token each (``state.core.allocate``)."""
+    assert event.kind is EventKind.ALLOCATED and event.snapshot_id is not None
+    tokens = event.payload.get("tokens") or [event.payload.get("token", "")]
+    return [(event.snapshot_id + i, str(t)) for i, t in enumerate(tokens)]
 
 
 def named_id_problem(state: SinkState, snapshot_id: int) -> str | None:
