@@ -162,7 +162,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(
             f"  target {target}: version {d['target_version']}, "
             f"{holds(d['target_batch'])}; staging markers of "
-            f"{d['staged_attempts']} recent attempt(s) (kept until ~32 batches later)"
+            f"{d['staged_attempts']} recent attempt(s) (kept until 32 snapshot ids later: about as many batches)"
         )
     for problem in status.problems:
         print(f"  problem: {problem}")

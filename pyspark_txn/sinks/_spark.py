@@ -123,7 +123,7 @@ def batch_attempt(
     """(snapshot id, token, run id) of the one attempt whose tasks staged ``batch_id``;
     allocated here when no task ran (nothing was staged, so that is safe)."""
     if not messages:
-        snapshot_id, token = committer.allocate()
+        snapshot_id, token = committer.allocate(lease=False)
         return snapshot_id, token, None
     attempts = {(m.snapshot_id, m.token) for m in messages}
     runs = {m.run_id for m in messages}

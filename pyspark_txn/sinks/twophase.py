@@ -15,6 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..errors import (
@@ -47,7 +48,7 @@ from ..state import (
     summary_due,
     take_over,
 )
-from ..state.core import DEFAULT_RETAIN_SNAPSHOTS, SETTLE_IDS
+from ..state.core import DEFAULT_RETAIN_SNAPSHOTS, SETTLE_IDS, is_lease_token
 from ..state.store import RecordStore
 from .target import (  # noqa: F401 (re-exported: callers import them from here)
     Target,
@@ -109,40 +110,82 @@ def _check_same_target(
         )
 
 
-#: Snapshot ids one ``allocated`` event reserves for a planner: the query's next
-#: batches take theirs from this process's lease without writing to the record table
-#: (docs/protocol.md, "Leases"). Measured: one record-table read and one append less per
-#: batch, ~20 ms of Spark's addBatch on local disk.
+#: The most snapshot ids one ``allocated`` event reserves for a planner: the query's
+#: next batches take theirs from this process's lease without writing to the record
+#: table (docs/protocol.md, "Leases"). Measured: one record-table read and one append
+#: less per batch, ~15-20 ms of Spark's addBatch on local disk.
 LEASE_IDS = 16
 
-# Per process: (record table, sink) -> the ids and tokens of this process's lease not
-# handed out yet, in order.
-_LEASES: dict[tuple, list[tuple[int, str]]] = {}
+
+@dataclass
+class _Lease:
+    """This process's ids reserved ahead for one sink, not handed out yet (in order), and
+    how many the next allocation reserves. Leases start at 2 ids and double while they
+    are used up (up to ``LEASE_IDS``); after one was cut short by someone else's
+    allocation, ``LEASE_IDS`` allocations take one id each. Ids of leases that keep
+    being cut short would run ahead of the batches, and windows counted in ids
+    (``SETTLE_IDS``, the summary window) would shrink."""
+
+    ids: list[tuple[int, str]] = field(default_factory=list)
+    size: int = 2
+    single: int = 0
+
+    def next_count(self) -> int:
+        return 1 if self.single > 0 else self.size
+
+
+# Per process: (record table location, sink) -> its lease.
+_LEASES: dict[tuple, _Lease] = {}
 _LEASES_MAX = 256
 _LEASES_LOCK = threading.Lock()
 
 
 def _take_leased(key: tuple, state: SinkState) -> tuple[int, str] | None:
-    """The next id of this process's lease, if ``state`` (read just now) still allows it:
-    the lease is the newest allocation (so ids stay in the order they are handed out,
-    which fencing relies on), the id is above every record and not withdrawn, and the
-    table holds it with our token (not a re-created table). Else the lease is dropped."""
+    """The next id of this process's lease, if ``state`` (read just now) still allows it.
+
+    Allowed: the lease is the newest allocation (so ids stay in the order they are
+    handed out, which fencing relies on), the id is above every record and not
+    withdrawn, and the table holds it with our token (not a re-created table)."""
     with _LEASES_LOCK:
-        ids = _LEASES.pop(key, None)
-        if not ids:
+        lease = _LEASES.setdefault(key, _Lease())
+        if not lease.ids:
             return None
-        sid, token = ids[0]
+        sid, token = lease.ids[0]
+        if state.ongoing_snapshot_id != lease.ids[-1][0]:
+            # another allocation came after ours: a pool of planner workers, an export,
+            # a batch without tasks. One id at a time for a while.
+            _LEASES[key] = _Lease(single=LEASE_IDS)
+            return None
         if (
-            state.ongoing_snapshot_id != ids[-1][0]
-            or state.allocations.get(sid) != token
+            state.allocations.get(sid) != token
             or sid <= state.high_water
             or sid in state.abandoned
             or state.record_for_snapshot(sid) is not None
         ):
+            _LEASES[key] = _Lease()
             return None
-        if len(ids) > 1:
-            _LEASES[key] = ids[1:]
+        lease.ids.pop(0)
         return sid, token
+
+
+def _leased(key: tuple, ids: list[tuple[int, str]]) -> None:
+    """Keep what a new allocation of ``ids`` reserved ahead (``ids[0]`` is taken now)."""
+    with _LEASES_LOCK:
+        lease = _LEASES.pop(key, None) or _Lease()
+        if lease.single > 0:
+            lease.single -= 1
+        elif len(ids) > 1:
+            lease.size = min(2 * len(ids), LEASE_IDS)
+        lease.ids = ids[1:]
+        _LEASES[key] = lease
+        while len(_LEASES) > _LEASES_MAX:
+            _LEASES.pop(next(iter(_LEASES)))
+
+
+def _lease_count(key: tuple) -> int:
+    with _LEASES_LOCK:
+        lease = _LEASES.get(key)
+        return lease.next_count() if lease is not None else _Lease().next_count()
 
 
 _UNREAD: Any = object()  # "not read yet", where None is an answer
@@ -215,12 +258,16 @@ class TwoPhaseCommitter:
 
     # --- planner, before each batch's phase 1 ---------------------------------
 
-    def allocate(self, target_meta: Mapping[str, Any] | None = None) -> tuple[int, str]:
+    def allocate(
+        self, target_meta: Mapping[str, Any] | None = None, *, lease: bool = True
+    ) -> tuple[int, str]:
         """Reserve a snapshot id and token safely; only then may phase 1 stage anything.
 
         ``target_meta`` (the ``uri`` a record would name): a sink whose records name
         another target is refused here, before phase 1 leaves markers and files in the
-        wrong place (the commit checks again)."""
+        wrong place (the commit checks again). ``lease``: the planner's allocation,
+        which may take an id reserved ahead or reserve the next ones (not for the one
+        id a commit allocates for a batch without tasks)."""
         self.faults.hit("allocate")
         state = self.load()
         if target_meta is not None:
@@ -231,20 +278,18 @@ class TwoPhaseCommitter:
                 recent = self.target.committed_batch_recent(self.sink_id)
                 if target_lost(state, self.target, recent) is not None:
                     self._refuse_lost_target(state)
-        memo = self.store.log.memo_key()
-        key = None if memo is None else (memo, self.sink_id)
-        if key is not None:
-            leased = _take_leased(key, state)
-            if leased is not None:
-                return leased
-        count = 1 if key is None else LEASE_IDS
-        event, _ = self._update(lambda s: allocate(s, count=count), state)
+        location = self.store.log.location()
+        if location is None or not lease:
+            event, _ = self._update(allocate, state)
+            return event.snapshot_id, event.payload["token"]
+        key = (location, self.sink_id)
+        leased = _take_leased(key, state)
+        if leased is not None:
+            return leased
+        count = _lease_count(key)
+        event, _ = self._update(lambda s: allocate(s, count=count, table=location), state)
         ids = allocated_ids(event)
-        if key is not None and len(ids) > 1:
-            with _LEASES_LOCK:
-                _LEASES[key] = ids[1:]
-                while len(_LEASES) > _LEASES_MAX:
-                    _LEASES.pop(next(iter(_LEASES)))
+        _leased(key, ids)
         return ids[0]
 
     # --- driver, Spark's commit -----------------------------------------------
@@ -581,10 +626,16 @@ class TwoPhaseCommitter:
         # (an export's id is withdrawn too unless it already registered: a running
         # export then fails to register, cleanly, and nothing can still write there)
         named = {n.snapshot_id for n in state.named.values()}
+        staged = self.target.staged_attempts()
         withdrawn = [
             sid
-            for sid in sorted(state.allocations)
-            if sid > state.high_water and sid not in state.abandoned and sid not in named
+            for sid, token in sorted(state.allocations.items())
+            if sid > state.high_water
+            and sid not in state.abandoned
+            and sid not in named
+            # an id reserved ahead that nothing was staged under needs no withdrawal: it
+            # is below settle's own allocation, so no lease hands it out any more
+            and (not is_lease_token(token) or (sid, token) in staged)
         ]
         for sid in withdrawn:
 

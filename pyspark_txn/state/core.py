@@ -30,6 +30,7 @@ from .fold import (  # noqa: F401 (re-exported: the names of state.core)
     SUMMARY_OWNERS,
     SinkState,
     allocated_ids,
+    bind_leases,
     check_invariants,
     fold,
     fold_sink,
@@ -133,28 +134,33 @@ def check_epoch(state: SinkState, epoch: int) -> None:
         raise _fenced(state, f"the run holding epoch {epoch}")
 
 
-def allocate(state: SinkState, token: str | None = None, count: int = 1) -> Event:
+def allocate(
+    state: SinkState, token: str | None = None, count: int = 1, table: str | None = None
+) -> Event:
     """Reserve the next snapshot id (``count`` > 1: the next ``count`` ids, each with
-    its own token, a planner's lease); none is ever reused, even if its attempt fails.
+    its own token bound to the record table ``table``, a planner's lease); none is ever
+    reused, even if its attempt fails.
 
     Allocation is not fenced: Spark plans a batch in a pooled Python worker
     that cannot tell which run it plans for. An allocation is only a
     reservation; the run that records it is fenced (:func:`take_over`).
     """
-    if count < 1 or (count > 1 and token is not None):
-        raise ValueError(f"allocate: count={count} with token={token!r}")
+    if count < 1 or (count > 1 and (token is not None or table is None)):
+        raise ValueError(f"allocate: count={count} with token={token!r}, table={table!r}")
+    first = state.ongoing_snapshot_id + 1
     if count == 1:
         payload: dict[str, Any] = {"token": token if token is not None else new_token()}
     else:
         # the first id is taken at once; the others are reserved ahead
-        tokens = [new_token()] + [new_lease_token() for _ in range(count - 1)]
+        assert table is not None
+        tokens = [new_token()] + [new_lease_token(table, first + i) for i in range(1, count)]
         payload = {"token": tokens[0], "tokens": tokens}
     return Event(
         stream=state.sink_id,
         seq=state.next_seq,
         kind=EventKind.ALLOCATED,
         epoch=state.epoch,
-        snapshot_id=state.ongoing_snapshot_id + 1,
+        snapshot_id=first,
         query_id=state.query_id,
         payload=payload,
         format_version=LEASE_FORMAT if count > 1 else 0,

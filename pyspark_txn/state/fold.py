@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import ProtocolViolation
 from .events import Event, EventKind
 from .records import (
+    FOREIGN_LEASE_TOKEN,
     NO_SNAPSHOT,
     ExecutionRecord,
     ExportRequest,
@@ -22,6 +23,8 @@ from .records import (
     _confirms,
     _id,
     _violation,
+    is_lease_token,
+    lease_token_binds,
 )
 
 
@@ -350,6 +353,22 @@ def allocated_ids(event: Event) -> list[tuple[int, str]]:
     assert event.kind is EventKind.ALLOCATED and event.snapshot_id is not None
     tokens = event.payload.get("tokens") or [event.payload.get("token", "")]
     return [(event.snapshot_id + i, str(t)) for i, t in enumerate(tokens)]
+
+
+def bind_leases(state: SinkState, table: str) -> SinkState:
+    """``state`` as the record table ``table`` sees it: the ids another table reserved
+    ahead (its tokens copied here with a copied checkpoint) get a token that matches no
+    staged attempt, so no sweep, withdrawal or status here acts on that table's batches."""
+    foreign = {
+        sid: FOREIGN_LEASE_TOKEN
+        for sid, token in state.allocations.items()
+        if is_lease_token(token)
+        and token != FOREIGN_LEASE_TOKEN
+        and not lease_token_binds(token, table, sid)
+    }
+    if not foreign:
+        return state
+    return replace(state, allocations=_frozen({**state.allocations, **foreign}))
 
 
 def named_id_problem(state: SinkState, snapshot_id: int) -> str | None:

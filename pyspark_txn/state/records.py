@@ -3,6 +3,8 @@ export requests, the invariants and the rules for names. Pure data, no IO."""
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -104,10 +106,33 @@ def new_token() -> str:
 #: (:func:`state.core.allocate` with ``count`` > 1), start so (no hex digit does): status
 #: tells an id reserved but never used from a batch left unfinished.
 LEASE_TOKEN_PREFIX = "r"
+#: What a reserved id's token reads as in a record table other than the one that
+#: reserved it (a copied checkpoint): it matches no staged attempt (not alphanumeric).
+FOREIGN_LEASE_TOKEN = LEASE_TOKEN_PREFIX + "-elsewhere"
+_B36 = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
-def new_lease_token() -> str:
-    return LEASE_TOKEN_PREFIX + uuid.uuid4().hex[:9]
+def _lease_mac(table: str, snapshot_id: int, nonce: str) -> str:
+    digest = hashlib.blake2b(f"{table}\n{snapshot_id}\n{nonce}".encode(), digest_size=8)
+    n = int.from_bytes(digest.digest(), "big")
+    return "".join(_B36[(n // 36**i) % 36] for i in range(6))
+
+
+def new_lease_token(table: str, snapshot_id: int) -> str:
+    """A reserved id's token, bound to the record table that reserves it: a copy of that
+    table (a copied checkpoint) holds the same tokens, but at its own location they do
+    not verify, so the copy never takes the original's attempts for its own."""
+    nonce = "".join(secrets.choice(_B36) for _ in range(3))
+    return LEASE_TOKEN_PREFIX + nonce + _lease_mac(table, snapshot_id, nonce)
+
+
+def lease_token_binds(token: str, table: str, snapshot_id: int) -> bool:
+    """Whether ``token`` was reserved for ``snapshot_id`` by the record table ``table``."""
+    return (
+        len(token) == 10
+        and token.startswith(LEASE_TOKEN_PREFIX)
+        and token[4:] == _lease_mac(table, snapshot_id, token[1:4])
+    )
 
 
 def is_lease_token(token: str) -> bool:

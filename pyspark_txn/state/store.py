@@ -19,6 +19,7 @@ from . import offset_log as offsets
 from .core import S, SinkState, fold_sink
 from .core import fold as fold_more
 from .events import Event, EventKind
+from .fold import bind_leases
 from .offset_log import OffsetLogState, fold_offsets
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,12 @@ class EventLog(ABC):
     def create_if_missing(self) -> None:  # noqa: B027 - optional
         """Create the backing table (idempotent); a log that needs no setup does nothing."""
 
+    def location(self) -> str | None:
+        """Where this log lives, one spelling per place: the ids a planner reserves
+        ahead are bound to it (a copy elsewhere does not take them for its own). None:
+        no reservations ahead (every allocation is one id)."""
+        return None
+
 
 class MemoryEventLog(EventLog):
     """In-process backend for pure unit tests of the state core. Not durable."""
@@ -103,6 +110,9 @@ class MemoryEventLog(EventLog):
 
     def memo_key(self) -> Hashable:
         return ("memory", id(self))
+
+    def location(self) -> str:
+        return f"memory:{id(self)}"
 
 
 # Per process: the last fold of each (log, stream, fold function). Logs are
@@ -145,7 +155,15 @@ class RecordStore:
         return self.log.read(stream)
 
     def fold(self, stream: str, fold: Callable[[str, list[Event]], S]) -> S:
-        """``fold(stream, events)``, continuing this process's last fold when it can."""
+        """``fold(stream, events)``, continuing this process's last fold when it can; a
+        sink's state as this log's location sees it (:func:`fold.bind_leases`)."""
+        state = self._fold(stream, fold)
+        location = self.log.location()
+        if location is not None and isinstance(state, SinkState):
+            return bind_leases(state, location)  # type: ignore[return-value]
+        return state
+
+    def _fold(self, stream: str, fold: Callable[[str, list[Event]], S]) -> S:
         events = self.events(stream)
         key = self.log.memo_key()
         if key is None:

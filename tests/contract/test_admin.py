@@ -528,15 +528,17 @@ def test_cli_status_after_a_failed_first_batch_and_a_killed_run(tmp_path, capsys
     sink.batch(0, [1, 2])
     code, out, _ = run_cli(capsys, "status", sink.chk)
     assert code == 0 and out.splitlines()[0] == f"sink {sink.sink_id}: healthy"
-    # an id the planner reserved ahead and never used is no unfinished batch (a lease,
-    # docs/protocol.md); once a killed run staged files under it, it is
+    # a killed run's attempt; the ids reserved ahead with it (a lease, docs/protocol.md)
+    # are no unfinished batches until something is staged under one
     sid, token = sink.committer().allocate()
-    code, out, _ = run_cli(capsys, "status", sink.chk, "--json")
-    assert json.loads(out)["open_attempts"] == []
-    rows = pa.record_batch([pa.array([7], pa.int64()), pa.array(["v7"])], schema=SCHEMA)
-    stage_partition([rows], sink.opts.staging(), sid, token, 0, SCHEMA)
+    reserved = sink.committer().allocate()
+    assert reserved[0] > sid and reserved[1].startswith("r")
     code, out, _ = run_cli(capsys, "status", sink.chk, "--json")
     assert json.loads(out)["open_attempts"] == [sid]
+    rows = pa.record_batch([pa.array([7], pa.int64()), pa.array(["v7"])], schema=SCHEMA)
+    stage_partition([rows], sink.opts.staging(), *reserved, 0, SCHEMA)
+    code, out, _ = run_cli(capsys, "status", sink.chk, "--json")
+    assert json.loads(out)["open_attempts"] == [sid, reserved[0]]
 
 
 def test_cli_status_after_spark_aborted_the_first_batch(tmp_path, capsys):

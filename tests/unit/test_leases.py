@@ -11,8 +11,9 @@ import pytest
 from support import MemoryTarget
 
 from pyspark_txn.errors import FencedError
+from pyspark_txn.faults import FaultPlan, InjectedFault
 from pyspark_txn.sinks import twophase
-from pyspark_txn.sinks.twophase import LEASE_IDS, TwoPhaseCommitter
+from pyspark_txn.sinks.twophase import TwoPhaseCommitter
 from pyspark_txn.state import (
     Event,
     EventKind,
@@ -23,9 +24,11 @@ from pyspark_txn.state import (
     allocated_ids,
     dead_snapshots,
     fold_sink,
+    settled,
 )
+from pyspark_txn.state.core import SETTLE_IDS
 from pyspark_txn.state.events import FORMAT_VERSION, LEASE_FORMAT
-from pyspark_txn.state.records import is_lease_token
+from pyspark_txn.state.records import FOREIGN_LEASE_TOKEN, is_lease_token
 
 SINK = "sink"
 
@@ -60,19 +63,20 @@ def allocations(store):
 def test_one_event_reserves_the_ids_of_many_batches():
     store, target, committer = parts()
     attempts = []
-    for batch in range(LEASE_IDS + 3):
+    for batch in range(40):
         attempt = committer.allocate()
         attempts.append(attempt)
         commit(committer, target, batch, attempt)
-    assert [sid for sid, _ in attempts] == list(range(LEASE_IDS + 3))
+    assert [sid for sid, _ in attempts] == list(range(40))
     assert len({token for _, token in attempts}) == len(attempts)  # a token per id
-    # the first id of a lease is taken at once; the others were reserved ahead
-    assert [is_lease_token(t) for _, t in attempts] == [i % LEASE_IDS > 0 for i in range(19)]
     events = allocations(store)
-    assert len(events) == 2  # the lease, then the next one when it ran out
-    assert [sid for sid, _ in allocated_ids(events[0])] == list(range(LEASE_IDS))
+    # leases double while they are used up, to LEASE_IDS
+    assert [len(allocated_ids(e)) for e in events] == [2, 4, 8, 16, 16]
+    firsts = {e.snapshot_id for e in events}
+    # the first id of a lease is taken at once; the others were reserved ahead
+    assert [is_lease_token(t) for s, t in attempts] == [s not in firsts for s, _ in attempts]
     assert all(e.format_version == LEASE_FORMAT <= FORMAT_VERSION for e in events)
-    assert target.rows == list(range(LEASE_IDS + 3))
+    assert target.rows == list(range(40))
 
 
 def test_a_newer_allocation_elsewhere_ends_the_lease():
@@ -158,8 +162,9 @@ def test_a_reserved_id_is_the_record_tables_own():
     other = RecordStore(MemoryEventLog(), backoff_s=0)
     for e in store.events(SINK):
         payload = dict(e.payload)
-        if e.kind is EventKind.ALLOCATED:
-            payload = {"token": "0000000000"}
+        if e.kind is EventKind.ALLOCATED:  # as many ids, other tokens
+            tokens = ["0000000000"] + [f"r{i:09d}" for i in range(1, len(allocated_ids(e)))]
+            payload = {"token": tokens[0], "tokens": tokens}
         other.log.append(
             Event(
                 stream=e.stream,
@@ -173,14 +178,16 @@ def test_a_reserved_id_is_the_record_tables_own():
             )
         )
     state = other.load_sink(SINK)
-    key = (store.log.memo_key(), SINK)
+    key = (store.log.location(), SINK)
     assert twophase._take_leased(key, state) is None
-    assert key not in twophase._LEASES  # dropped, not retried
+    assert not twophase._LEASES[key].ids  # dropped, not retried
 
 
 def test_a_lease_event_reserves_each_id_with_its_own_token():
     store, _, _ = parts()
-    event, state = store.update(SINK, fold_sink, lambda s: allocate(s, count=4))
+    event, state = store.update(
+        SINK, fold_sink, lambda s: allocate(s, count=4, table=store.log.location())
+    )
     ids = allocated_ids(event)
     assert [sid for sid, _ in ids] == [0, 1, 2, 3]
     assert state.ongoing_snapshot_id == 3
@@ -190,3 +197,108 @@ def test_a_lease_event_reserves_each_id_with_its_own_token():
     assert single.format_version < LEASE_FORMAT  # readers of older versions read it
     with pytest.raises(ValueError):
         allocate(state, token="abc", count=2)
+
+
+# --- found by the session-11 trial (a copied checkpoint, a pool of planner workers) ---
+
+
+def copy_of(store):
+    """The record table as a copied checkpoint holds it (cp -r): same events, other place."""
+    other = RecordStore(MemoryEventLog(), backoff_s=0)
+    for e in store.events(SINK):
+        other.log.append(e)
+    return other
+
+
+def test_a_copied_checkpoint_never_withdraws_the_originals_recorded_attempt(monkeypatch):
+    """The copy holds the tokens of the ids the original reserved ahead; they are bound to
+    the original's location, so the copy's planner (release_staged: PostgreSQL) does not
+    roll back an attempt the original recorded and has not committed yet."""
+    process_o, process_c = {}, {}
+    target = MemoryTarget()
+    store_o = RecordStore(MemoryEventLog(), backoff_s=0)
+    original = TwoPhaseCommitter(store_o, target, SINK, backoff_s=0)
+    monkeypatch.setattr(twophase, "_LEASES", process_o)
+    for batch in range(3):  # leases of 2, then 4 ids
+        commit(original, target, batch, original.allocate())
+    store_c = copy_of(store_o)  # the checkpoint is copied while the query runs
+    reserved = original.allocate()  # the original's next batch: an id reserved ahead
+    assert is_lease_token(reserved[1])
+    crashing = TwoPhaseCommitter(
+        store_o, target, SINK, backoff_s=0, faults=FaultPlan.parse("after_record:raise")
+    )
+    with pytest.raises(InjectedFault):  # recorded (safe), phase 2 not done yet
+        commit(crashing, target, 3, reserved)
+    monkeypatch.setattr(twophase, "_LEASES", process_c)
+    copy = TwoPhaseCommitter(store_c, target, SINK, backoff_s=0)
+    assert copy.load().allocations[reserved[0]] == FOREIGN_LEASE_TOKEN
+    copy.release_staged()  # the copy is started on the same target by mistake
+    monkeypatch.setattr(twophase, "_LEASES", process_o)
+    commit(original, target, 4, original.allocate())
+    assert target.rows == [0, 1, 2, 3, 4]
+
+
+def test_a_copied_checkpoints_sweep_never_deletes_the_originals_staged_files(monkeypatch):
+    process_o, process_c = {}, {}
+    target = MemoryTarget()
+    store_o = RecordStore(MemoryEventLog(), backoff_s=0)
+    original = TwoPhaseCommitter(store_o, target, SINK, backoff_s=0)
+    monkeypatch.setattr(twophase, "_LEASES", process_o)
+    commit(original, target, 0, original.allocate())
+    store_c = copy_of(store_o)
+    in_flight = original.allocate()
+    target.stage(*in_flight, "original-in-flight", [1])
+    monkeypatch.setattr(twophase, "_LEASES", process_c)
+    copy = TwoPhaseCommitter(store_c, target, SINK, backoff_s=0, sweep_every=1)
+    commit(copy, target, 1, copy.allocate(), run_id="run-c")
+    assert "original-in-flight" not in target.rolled_back
+    # at its own location the original's tokens verify: its sweeps still find its dead
+    assert (in_flight[0], in_flight[1]) in {
+        (sid, tok) for sid, tok in original.load().allocations.items()
+    }
+
+
+def test_alternating_planner_workers_do_not_run_the_ids_ahead_of_the_batches(monkeypatch):
+    """A lease cut short by another worker's allocation makes its process take one id at
+    a time for a while: windows counted in ids (SETTLE_IDS) stay about that many
+    batches."""
+    store, target, committer = parts()
+    workers = [{}, {}]
+    ids = []
+    for batch in range(40):
+        monkeypatch.setattr(twophase, "_LEASES", workers[batch % 2])
+        attempt = committer.allocate()
+        ids.append(attempt[0])
+        commit(committer, target, batch, attempt)
+    assert ids == sorted(set(ids)) and ids[-1] < 40 + 8
+    assert not settled(committer.load(), ids[-SETTLE_IDS + 4])
+    assert target.rows == list(range(40))
+
+
+def test_a_batch_without_tasks_allocates_one_id_in_the_commit_worker(monkeypatch):
+    from pyspark_txn.sinks._spark import batch_attempt
+
+    store, target, committer = parts()
+    planner, commit_worker = {}, {}
+    monkeypatch.setattr(twophase, "_LEASES", planner)
+    committer.allocate()  # the planner plans the batch; no task runs
+    monkeypatch.setattr(twophase, "_LEASES", commit_worker)
+    sid, token, _ = batch_attempt(committer, [], 0)
+    committer.commit(0, sid, token, [], run_id=None, query_id="q", source_offsets=[0])
+    assert allocated_ids(allocations(store)[-1]) == [(sid, token)] and not commit_worker
+    monkeypatch.setattr(twophase, "_LEASES", planner)
+    assert committer.allocate()[0] == sid + 1
+
+
+def test_settle_withdraws_no_id_that_nothing_was_staged_under():
+    store, target, committer = parts()
+    for batch in range(3):  # leases of 2 and 4 ids: 3 reserved ahead, unused
+        commit(committer, target, batch, committer.allocate())
+    staged = committer.allocate()
+    target.stage(*staged, "left-behind", [9])
+    before = len(store.events(SINK))
+    state = committer.settle("stopped")
+    withdrawn = [e for e in store.events(SINK)[before:] if e.kind is EventKind.ABANDONED]
+    # the attempt that staged, and settle's own id; not the 2 ids reserved after it
+    assert [e.snapshot_id for e in withdrawn] == [staged[0], staged[0] + 3]
+    assert "left-behind" in target.rolled_back and staged[0] in state.abandoned

@@ -7,6 +7,7 @@ from support import MemoryTarget
 
 from pyspark_txn.errors import FencedError, ProtocolViolation, TxnError
 from pyspark_txn.faults import InjectedFault
+from pyspark_txn.sinks import twophase
 from pyspark_txn.sinks.twophase import LEASE_IDS, TwoPhaseCommitter
 from pyspark_txn.state import (
     EventKind,
@@ -106,13 +107,14 @@ def test_a_fold_from_the_summary_equals_the_fold_through_it(sink):
     assert summary.format_version == 2  # readers that predate summaries refuse them
 
 
-def test_ids_are_never_reused_and_old_runs_stay_fenced_after_retention(sink):
+def test_ids_are_never_reused_and_old_runs_stay_fenced_after_retention(sink, monkeypatch):
     store, target, committer = sink
     run_batches(committer, target, 20, run_id="old-run")
     run_batches(committer, target, 20, start=20, run_id="new-run")
     state = store.load_sink(SINK)
     assert store.events(SINK)[0].kind is EventKind.SUMMARY
     highest = state.ongoing_snapshot_id
+    monkeypatch.setattr(twophase, "_LEASES", {})  # a new process: no ids reserved ahead
     sid, token = committer.allocate()
     assert sid == highest + 1
     target.stage(sid, token, "zombie", [999])

@@ -140,6 +140,9 @@ class DeltaEventLog(EventLog):
     def memo_key(self):
         return ("delta", self.uri)
 
+    def location(self) -> str:
+        return "delta:" + _fs.location_key(self.uri)
+
     def _open(self, refresh: bool = True):
         return open_table(self.uri, self.storage_options, refresh=refresh)
 
