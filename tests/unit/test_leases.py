@@ -10,11 +10,12 @@ target; ``_LEASES`` is swapped to stand for another process's memory.
 import pytest
 from support import MemoryTarget
 
-from pyspark_txn.errors import FencedError
+from pyspark_txn.errors import CheckpointMismatchError, FencedError
 from pyspark_txn.faults import FaultPlan, InjectedFault
 from pyspark_txn.sinks import twophase
 from pyspark_txn.sinks.twophase import TwoPhaseCommitter
 from pyspark_txn.state import (
+    DeltaEventLog,
     Event,
     EventKind,
     MemoryEventLog,
@@ -28,7 +29,12 @@ from pyspark_txn.state import (
 )
 from pyspark_txn.state.core import SETTLE_IDS
 from pyspark_txn.state.events import FORMAT_VERSION, LEASE_FORMAT
-from pyspark_txn.state.records import FOREIGN_LEASE_TOKEN, is_lease_token
+from pyspark_txn.state.records import (
+    FOREIGN_LEASE_TOKEN,
+    is_lease_token,
+    lease_token_binds,
+    new_lease_token,
+)
 
 SINK = "sink"
 
@@ -302,3 +308,51 @@ def test_settle_withdraws_no_id_that_nothing_was_staged_under():
     # the attempt that staged, and settle's own id; not the 2 ids reserved after it
     assert [e.snapshot_id for e in withdrawn] == [staged[0], staged[0] + 3]
     assert "left-behind" in target.rolled_back and staged[0] in state.abandoned
+
+
+def test_the_same_path_in_another_account_or_endpoint_is_another_place():
+    """Reserved tokens bind to the record table's place: a checkpoint copied to another
+    Azure account or S3 endpoint (same container or bucket and path) reads them as
+    foreign; spellings of one place agree."""
+    prod = DeltaEventLog("abfss://chk@prodacct.dfs.core.windows.net/q1/pyspark_txn/records")
+    dr = DeltaEventLog("abfss://chk@dracct.dfs.core.windows.net/q1/pyspark_txn/records")
+    same = DeltaEventLog("az://chk/q1/pyspark_txn/records/", {"account_name": "ProdAcct"})
+    token = new_lease_token(prod.location(), 7)
+    assert not lease_token_binds(token, dr.location(), 7)
+    assert lease_token_binds(token, same.location(), 7)
+    a = DeltaEventLog("s3://bkt/q1/records", {"AWS_ENDPOINT_URL": "http://minio-a:9000"})
+    b = DeltaEventLog("s3://bkt/q1/records", {"aws_endpoint": "http://minio-b:9000/"})
+    also_a = DeltaEventLog("s3a://bkt/q1/records/", {"endpoint_url": "http://MINIO-A:9000/"})
+    assert a.location() != b.location() and a.location() == also_a.location()
+
+
+def test_a_copy_made_while_a_batch_is_in_flight_never_loses_or_doubles_it(monkeypatch):
+    """The attempt allocated (unrecorded) at the moment of the copy has its token in both
+    tables (docs/protocol.md, "The rule for deletes"): a copy started on the same target
+    may delete its staged files and commit that batch first; then the original fails
+    loudly at that batch, and the table holds every batch once."""
+    process_o, process_c = {}, {}
+    target = MemoryTarget()
+    store_o = RecordStore(MemoryEventLog(), backoff_s=0)
+    original = TwoPhaseCommitter(store_o, target, SINK, backoff_s=0)
+    monkeypatch.setattr(twophase, "_LEASES", process_o)
+    commit(original, target, 0, original.allocate())
+    commit(original, target, 1, original.allocate())
+    in_flight = original.allocate()  # the first id of a new lease: an ordinary token
+    assert not is_lease_token(in_flight[1])
+    target.stage(*in_flight, "original-2", [2])
+    store_c = copy_of(store_o)  # cp -r now
+    monkeypatch.setattr(twophase, "_LEASES", process_c)
+    copy = TwoPhaseCommitter(store_c, target, SINK, backoff_s=0, sweep_every=1)
+    commit(copy, target, 2, copy.allocate(), run_id="run-c")
+    monkeypatch.setattr(twophase, "_LEASES", process_o)
+    with pytest.raises(CheckpointMismatchError):
+        original.commit(
+            2,
+            *in_flight,
+            [TxnHandle(0, "original-2", 1, 1, "c")],
+            run_id="run-1",
+            query_id="q",
+            source_offsets=[2],
+        )
+    assert target.rows == [0, 1, 2]
