@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 _LOCAL_PREFIXES = ("file://", "file:")
@@ -79,6 +80,39 @@ def location_key(uri: str) -> str:
         host, _, path = rest.partition("/")
         rest = host.split("@", 1)[0] + ("/" + path if path else "")
     return f"{scheme}://{rest.rstrip('/')}"
+
+
+def location_identity(uri: str, delta_options: Mapping[str, str] | None = None) -> str:
+    """``uri`` as one place, whatever its spelling (:func:`location_key`), with what
+    makes the same bucket and path another place: the S3 endpoint (MinIO, R2: buckets
+    per endpoint), the Azure account and endpoint. From the options, else the variables
+    the stores read (``AWS_ENDPOINT_URL``, ``AZURE_STORAGE_ACCOUNT_NAME``, ...)."""
+    from .options import canonical_settings
+
+    key = location_key(uri)
+    if is_local(uri):
+        return key
+    given = canonical_settings(delta_options)
+
+    def setting(name: str, *variables: str) -> str:
+        value = given.get(name) or next(filter(None, map(os.environ.get, variables)), "")
+        return value.strip().rstrip("/").lower()
+
+    scheme = key.split("://", 1)[0]
+    parts = []
+    if scheme == "s3":
+        parts.append(setting("aws_endpoint", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"))
+    elif scheme == "az":
+        host = uri.split("://", 1)[1].split("/", 1)[0]
+        account = host.split("@", 1)[1].split(".", 1)[0].lower() if "@" in host else ""
+        parts.append(
+            account
+            or setting(
+                "azure_storage_account_name", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT"
+            )
+        )
+        parts.append(setting("azure_storage_endpoint", "AZURE_STORAGE_ENDPOINT"))
+    return key if not any(parts) else key + "#" + "#".join(parts)
 
 
 def join(uri: str, *parts: str) -> str:

@@ -414,43 +414,15 @@ def object_store_fs(uri: str, delta_options: Mapping[str, str] | None) -> tuple[
     return _obstore_fs(uri, scheme, *options._obstore_config(store))
 
 
-def location_identity(uri: str, delta_options: Mapping[str, str] | None = None) -> str:
-    """``uri`` as one place, whatever its spelling (:func:`fs.location_key`), with what
-    makes the same bucket and path another place: the S3 endpoint (MinIO, R2: buckets
-    per endpoint), the Azure account and endpoint. From the options, else the variables
-    the stores read (``AWS_ENDPOINT_URL``, ``AZURE_STORAGE_ACCOUNT_NAME``, ...)."""
-    import os
-
-    from .fs import is_local, location_key
-
-    key = location_key(uri)
-    if is_local(uri):
-        return key
+def canonical_settings(delta_options: Mapping[str, str] | None) -> dict[str, str]:
+    """The object-store settings among ``delta_options``, by their canonical names
+    (``endpoint_url`` and ``AWS_ENDPOINT_URL`` are both ``aws_endpoint``)."""
     given: dict[str, str] = {}
     for k, v in (delta_options or {}).items():
         canonical = _canonical(k)
         if canonical is not None:
             given[canonical[0]] = str(v)
-
-    def setting(name: str, *variables: str) -> str:
-        value = given.get(name) or next(filter(None, map(os.environ.get, variables)), "")
-        return value.strip().rstrip("/").lower()
-
-    scheme = key.split("://", 1)[0]
-    parts = []
-    if scheme == "s3":
-        parts.append(setting("aws_endpoint", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"))
-    elif scheme == "az":
-        host = uri.split("://", 1)[1].split("/", 1)[0]
-        account = host.split("@", 1)[1].split(".", 1)[0].lower() if "@" in host else ""
-        parts.append(
-            account
-            or setting(
-                "azure_storage_account_name", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT"
-            )
-        )
-        parts.append(setting("azure_storage_endpoint", "AZURE_STORAGE_ENDPOINT"))
-    return key if not any(parts) else key + "#" + "#".join(parts)
+    return given
 
 
 def _has_obstore() -> bool:

@@ -31,7 +31,7 @@ from typing import Any
 from ...errors import ConfigError
 from ...storage import fs as _fs
 from ...storage.delta_tables import forget_table, open_table
-from ...storage.options import location_identity, object_store_fs
+from ...storage.options import object_store_fs
 from ..events import Event, arrow_schema, events_to_arrow
 from ..store import AppendRejected, EventLog
 
@@ -141,7 +141,7 @@ class DeltaEventLog(EventLog):
         return ("delta", self.uri)
 
     def location(self) -> str:
-        return "delta:" + location_identity(self.uri, self.storage_options)
+        return "delta:" + _fs.location_identity(self.uri, self.storage_options)
 
     def _open(self, refresh: bool = True):
         return open_table(self.uri, self.storage_options, refresh=refresh)
