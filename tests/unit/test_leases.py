@@ -208,6 +208,16 @@ def test_a_lease_event_reserves_each_id_with_its_own_token():
 # --- found by the session-11 trial (a copied checkpoint, a pool of planner workers) ---
 
 
+def original_sink(monkeypatch):
+    """Two processes' lease memories, a target, and the original sink planned in the first."""
+    process_o, process_c = {}, {}
+    target = MemoryTarget()
+    store_o = RecordStore(MemoryEventLog(), backoff_s=0)
+    original = TwoPhaseCommitter(store_o, target, SINK, backoff_s=0)
+    monkeypatch.setattr(twophase, "_LEASES", process_o)
+    return process_o, process_c, target, store_o, original
+
+
 def copy_of(store):
     """The record table as a copied checkpoint holds it (cp -r): same events, other place."""
     other = RecordStore(MemoryEventLog(), backoff_s=0)
@@ -220,11 +230,7 @@ def test_a_copied_checkpoint_never_withdraws_the_originals_recorded_attempt(monk
     """The copy holds the tokens of the ids the original reserved ahead; they are bound to
     the original's location, so the copy's planner (release_staged: PostgreSQL) does not
     roll back an attempt the original recorded and has not committed yet."""
-    process_o, process_c = {}, {}
-    target = MemoryTarget()
-    store_o = RecordStore(MemoryEventLog(), backoff_s=0)
-    original = TwoPhaseCommitter(store_o, target, SINK, backoff_s=0)
-    monkeypatch.setattr(twophase, "_LEASES", process_o)
+    process_o, process_c, target, store_o, original = original_sink(monkeypatch)
     for batch in range(3):  # leases of 2, then 4 ids
         commit(original, target, batch, original.allocate())
     store_c = copy_of(store_o)  # the checkpoint is copied while the query runs
@@ -245,11 +251,7 @@ def test_a_copied_checkpoint_never_withdraws_the_originals_recorded_attempt(monk
 
 
 def test_a_copied_checkpoints_sweep_never_deletes_the_originals_staged_files(monkeypatch):
-    process_o, process_c = {}, {}
-    target = MemoryTarget()
-    store_o = RecordStore(MemoryEventLog(), backoff_s=0)
-    original = TwoPhaseCommitter(store_o, target, SINK, backoff_s=0)
-    monkeypatch.setattr(twophase, "_LEASES", process_o)
+    process_o, process_c, target, store_o, original = original_sink(monkeypatch)
     commit(original, target, 0, original.allocate())
     store_c = copy_of(store_o)
     in_flight = original.allocate()
@@ -331,11 +333,7 @@ def test_a_copy_made_while_a_batch_is_in_flight_never_loses_or_doubles_it(monkey
     tables (docs/protocol.md, "The rule for deletes"): a copy started on the same target
     may delete its staged files and commit that batch first; then the original fails
     loudly at that batch, and the table holds every batch once."""
-    process_o, process_c = {}, {}
-    target = MemoryTarget()
-    store_o = RecordStore(MemoryEventLog(), backoff_s=0)
-    original = TwoPhaseCommitter(store_o, target, SINK, backoff_s=0)
-    monkeypatch.setattr(twophase, "_LEASES", process_o)
+    process_o, process_c, target, store_o, original = original_sink(monkeypatch)
     commit(original, target, 0, original.allocate())
     commit(original, target, 1, original.allocate())
     in_flight = original.allocate()  # the first id of a new lease: an ordinary token
