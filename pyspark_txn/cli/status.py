@@ -18,6 +18,7 @@ from ..operations.handle import (
     target_terms,
 )
 from ..operations.status import sink_status
+from ..state import allocated_ids
 from .args import LOCATION_HELP, open_handle, sink_arguments, storage_argument, target_arguments
 from .render import describe, holds
 
@@ -77,6 +78,9 @@ def _print_records(record_table: str, sink: str | None = None) -> None:
                 detail = f"run {e.payload.get('owner')}"
             elif e.kind.value == "abandoned":
                 detail = f"reason: {e.payload.get('reason')}"
+            elif e.kind.value == "allocated" and len(e.payload.get("tokens") or ()) > 1:
+                ids = allocated_ids(e)
+                detail = f"reserves snapshots {ids[0][0]}-{ids[-1][0]} (a planner's lease)"
             print(
                 f"  {e.seq:>4} {e.kind.value:<10} {e.epoch:>5} "
                 f"{'' if e.snapshot_id is None else e.snapshot_id:>8} "

@@ -694,6 +694,9 @@ def test_cli_records_still_works(sink, capsys):
     assert code == 0 and f"sink {sink.sink_id}" in out
     assert "last recorded batch: 1; phase 2 confirmed in the record table through batch 1" in out
     assert "reason: test" in out
+    # batch 0's allocation reserved 2 ids (a lease), the next one 4 (docs/protocol.md)
+    assert "reserves snapshots 0-1 (a planner's lease)" in out
+    assert "reserves snapshots 2-5 (a planner's lease)" in out
 
 
 def test_cli_database_options_are_for_postgres_sinks_and_records_names_the_target(sink, capsys):
