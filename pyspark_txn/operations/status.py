@@ -12,7 +12,7 @@ from ..sinks.twophase import (
     target_lost,
 )
 from ..state import SnapshotRecord
-from ..state.core import is_export_token, is_lease_token
+from ..state.core import is_export_token, reserved_unused
 from ..storage import fs as _fs
 from .handle import POSTGRES, SinkHandle, _in_handle_storage, opened_target
 from .repair import SnapshotStatus, _stuck
@@ -205,27 +205,18 @@ def sink_status(handle: SinkHandle) -> SinkStatus:
         and state.record_for_snapshot(sid) is None
     ]
     open_exports = tuple(sid for sid in unrecorded if is_export_token(state.allocations[sid]))
-
-    def reserved_only(sid: int) -> bool:
-        """An id of a planner's lease that no batch used (so far): nothing to roll back."""
-        token = state.allocations[sid]
-        return (
-            is_lease_token(token)
-            and (sid, token) not in view.staged
-            and sid not in state.abandoned
-            and state.record_for_snapshot(sid) is None
-        )
-
     open_attempts = tuple(
         sid
         for sid in unrecorded
-        if sid > floor and not is_export_token(state.allocations[sid]) and not reserved_only(sid)
+        if sid > floor
+        and not is_export_token(state.allocations[sid])
+        and not reserved_unused(state, sid, view.staged)
     )
     planned = latest_batch(checkpoint) if checkpoint else None
     batch_ids = [
         sid
         for sid, tok in state.allocations.items()
-        if not is_export_token(tok) and not reserved_only(sid)
+        if not is_export_token(tok) and not reserved_unused(state, sid, view.staged)
     ]
     top = max(batch_ids, default=None)
     failed_attempt = (

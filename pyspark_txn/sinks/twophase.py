@@ -48,7 +48,7 @@ from ..state import (
     summary_due,
     take_over,
 )
-from ..state.core import DEFAULT_RETAIN_SNAPSHOTS, SETTLE_IDS, is_lease_token
+from ..state.core import DEFAULT_RETAIN_SNAPSHOTS, SETTLE_IDS, reserved_unused
 from ..state.store import RecordStore
 from .target import (  # noqa: F401 (re-exported: callers import them from here)
     Target,
@@ -629,13 +629,13 @@ class TwoPhaseCommitter:
         staged = self.target.staged_attempts()
         withdrawn = [
             sid
-            for sid, token in sorted(state.allocations.items())
+            for sid in sorted(state.allocations)
             if sid > state.high_water
             and sid not in state.abandoned
             and sid not in named
             # an id reserved ahead that nothing was staged under needs no withdrawal: it
             # is below settle's own allocation, so no lease hands it out any more
-            and (not is_lease_token(token) or (sid, token) in staged)
+            and not reserved_unused(state, sid, staged)
         ]
         for sid in withdrawn:
 

@@ -15,7 +15,7 @@ which the fold rebuilds from the record table.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -319,6 +319,20 @@ def abandon(state: SinkState, snapshot_id: int, reason: str) -> Event | None:
         batch_id=rec.batch_id if rec else None,
         query_id=state.query_id,
         payload={"reason": reason, "was_recorded": rec is not None},
+    )
+
+
+def reserved_unused(state: SinkState, snapshot_id: int, staged: Container[tuple[int, str]]) -> bool:
+    """Whether ``snapshot_id`` was reserved ahead by a planner's lease and no batch used it
+    so far: nothing staged under it (``staged``: the target's attempts), not recorded, not
+    withdrawn. There is nothing to roll back or withdraw there."""
+    token = state.allocations.get(snapshot_id)
+    return (
+        token is not None
+        and is_lease_token(token)
+        and (snapshot_id, token) not in staged
+        and snapshot_id not in state.abandoned
+        and state.record_for_snapshot(snapshot_id) is None
     )
 
 
