@@ -260,6 +260,8 @@ def run_sink(spark, proxy: CountingProxy, sink: str, work: str, creds, args) -> 
 
         def onQueryProgress(self, event) -> None:
             p = event.progress
+            if proxy.trace:
+                log.info("batch %s done", p.batchId)
             with cond:
                 marks[int(p.batchId)] = (
                     proxy.snapshot(),

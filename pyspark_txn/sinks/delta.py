@@ -27,6 +27,7 @@ from ..storage.checkpoint import (
     persisted_sink_id,
     read_query_id,
 )
+from ..storage.delta_tables import one_check_per_step
 from ..storage.options import StorageOptions, store_errors, using
 from ._spark import (
     TxnCommitMessage,
@@ -395,7 +396,7 @@ class TxnDeltaStreamWriter(WriterBase):
         # the one place a snapshot id can be made safe before phase 1.
         if self._attempt is None:
             worker_logging(self.opts.log_level)
-            with store_errors():
+            with store_errors(), one_check_per_step():
                 self._attempt = (
                     (LIGHT_SNAPSHOT_ID, new_token())
                     if self.opts.light
@@ -421,7 +422,7 @@ class TxnDeltaStreamWriter(WriterBase):
 
     def commit(self, messages, batchId: int) -> None:
         worker_logging(self.opts.log_level)
-        with store_errors():
+        with store_errors(), one_check_per_step():
             self._commit(messages, batchId)
 
     def _commit(self, messages, batchId: int) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import CheckpointMismatchError, ConfigError, CorruptSnapshotError
 from ..state import SnapshotRecord, TxnHandle
 from ..storage import fs as _fs
-from ..storage.delta_tables import forget_table, open_table
+from ..storage.delta_tables import forget_table, open_table, read_commit_actions
 from ..storage.options import StorageOptions
 from .delta_target_schema import (  # noqa: F401 (re-exported: callers import them from here)
     CDF_COLUMNS,
@@ -93,11 +93,11 @@ class DeltaTarget(Target):
         return open_table(self.uri, self.storage_options, refresh=refresh)
 
     def committed_batch(self, sink_id: str) -> int | None:
-        return _app_version(self.open(), self.uri, sink_id)
+        return _app_version(self.open(), self.uri, sink_id, self.storage_options)
 
     def committed_batch_recent(self, sink_id: str) -> int | None:
         # a deleted or re-created table is not the cached one
-        return _app_version(self.open(refresh=False), self.uri, sink_id)
+        return _app_version(self.open(refresh=False), self.uri, sink_id, self.storage_options)
 
     def location(self) -> str:
         return f"the table at {self.uri}"
@@ -459,7 +459,7 @@ class DeltaTarget(Target):
         """The table (None if there is none yet) and the version of this sink's app
         transaction when it already holds ``batch_id`` (None: not committed yet)."""
         dt = self.open()
-        done = _app_version(dt, self.uri, self.sink_id)
+        done = _app_version(dt, self.uri, self.sink_id, self.storage_options)
         return dt, (done if done is not None and done >= batch_id else None)
 
     def commit(self, record: SnapshotRecord) -> int | None:
@@ -766,18 +766,60 @@ def _app_versions() -> dict[tuple[str, str], tuple[Any, int, int | None]]:
     return seen
 
 
-def _app_version(dt, uri: str, app_id: str) -> int | None:
-    """``dt.transaction_version(app_id)``, asked once per table object and version."""
+#: The most commits :func:`_app_version` reads itself to follow a table object it
+#: has seen; beyond, delta-rs replays the log since the checkpoint.
+APP_VERSION_CATCH_UP = 8
+
+
+def _app_version(
+    dt, uri: str, app_id: str, storage_options: Mapping[str, str] | None = None
+) -> int | None:
+    """``dt.transaction_version(app_id)``, asked once per table object and version.
+
+    A table object seen at an older version was caught up in place (a re-created
+    table is reopened as a new object, storage.delta_tables): the app's version is
+    then the last ``txn`` of it in the commits since, one GET each, where delta-rs
+    would GET every commit since the checkpoint (a planner caught up a table that
+    another process committed to at every other batch)."""
     if dt is None:
         return None
     key = (uri, app_id)
     seen = _app_versions().get(key)
     version = dt.version()
-    if seen is not None and seen[0] is dt and seen[1] == version:
-        return seen[2]
+    if seen is not None and seen[0] is dt:
+        if seen[1] == version:
+            return seen[2]
+        if 0 < version - seen[1] <= APP_VERSION_CATCH_UP:
+            known, done = _app_version_since(
+                uri, app_id, seen[1], version, seen[2], storage_options
+            )
+            if known:
+                _app_versions()[key] = (dt, version, done)
+                return done
     done = dt.transaction_version(app_id)
     _app_versions()[key] = (dt, version, done)
     return done
+
+
+def _app_version_since(
+    uri: str,
+    app_id: str,
+    since: int,
+    version: int,
+    done: int | None,
+    storage_options: Mapping[str, str] | None,
+) -> tuple[bool, int | None]:
+    """(whether every commit after ``since`` up to ``version`` could be read, the app's
+    version after them, starting from ``done``)."""
+    for v in range(since + 1, version + 1):
+        actions = read_commit_actions(uri, v, storage_options)
+        if actions is None:
+            return False, None
+        for action in actions:
+            txn = action.get("txn")
+            if isinstance(txn, dict) and txn.get("appId") == app_id:
+                done = int(txn["version"])
+    return True, done
 
 
 def finished_task_attempts(committed: Iterable[str], prefix: str) -> set[str]:

@@ -20,12 +20,21 @@ Safety rules:
   local disk: an append 3 ms on a fresh table, 44 ms 600 commits later on one
   object with a checkpoint every 100; 4-11 ms when reopened at each
   checkpoint). Writers that checkpoint call :func:`forget_table` right after.
-- On object stores that check is one HEAD of that commit file (through
-  obstore, configured from the same delta-rs options: the same credentials;
-  delta-rs's own file info would cost a LIST and a HEAD), its size and ETag. Opening
-  from scratch there costs a ``_last_checkpoint`` GET, a LIST and a GET of
-  every commit since the checkpoint (and of the checkpoint itself); catching
-  up costs the HEAD, a LIST and the new commits only (measured against moto:
+- Within one protocol step (:func:`one_check_per_step`: a commit, an allocation), a
+  table checked once is not checked again for ``refresh=False`` reads: the step
+  might as well have held on to the object, and the opens that must see the
+  latest commit (``refresh=True``) still check. A commit step opened the target
+  six times and the record table twice, each check a request on an object store.
+- On S3 and GCS that check is one LIST of ``_delta_log`` from that commit file
+  on (``start-after``; through obstore, configured from the same delta-rs
+  options), which also says whether anything is newer: a table with nothing
+  new costs that one request, where a HEAD of the file and delta-rs's own
+  catch-up (a LIST of the log since its checkpoint) cost two. Stores that cannot
+  list from an offset (Azure lists a whole prefix) HEAD the file instead. The
+  marker is the file's size and ETag. Opening from scratch costs a
+  ``_last_checkpoint`` GET, a LIST and a GET of every commit since the
+  checkpoint (and of the checkpoint itself); catching up costs the check, a
+  LIST and the new commits only (measured against moto:
   benchmarks/s3_requests.py).
 """
 
@@ -35,7 +44,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from . import fs as _fs
@@ -53,11 +63,59 @@ STALE_OK_S = 5.0
 REBASE_AFTER = 100
 
 
+#: Stores whose LIST starts after a given key on the server (object_store's
+#: ``offset``); elsewhere it lists the whole prefix and filters.
+_LISTS_FROM_OFFSET = frozenset({"s3", "s3a", "gs", "gcs"})
+
+Marker = tuple[int, int, int]
+
+
+def _listed_commits(
+    uri: str, version: int, options: Mapping[str, str] | None
+) -> dict[int, Marker] | None:
+    """Markers of the commit files from ``version`` on, from one LIST; None where the
+    store cannot list from an offset or the LIST failed (callers then HEAD)."""
+    if uri.split("://", 1)[0].lower() not in _LISTS_FROM_OFFSET:
+        return None
+    from .options import object_store_fs
+
+    found = object_store_fs(uri, options)
+    if found is None:
+        return None
+    fs, root = found
+    bucket, _, key = root.partition("/")
+    prefix = f"{key}/_delta_log/" if key else "_delta_log/"
+    try:
+        import obstore
+
+        store = fs._construct_store(bucket)
+        offset = f"{prefix}{version - 1:020d}.json" if version > 0 else None
+        listed = obstore.list(store, prefix, offset=offset).collect()
+    except Exception:  # unreachable, denied...: do not trust the cache; reopening says why
+        log.debug("LIST of %s/_delta_log from %d failed", uri, version, exc_info=True)
+        return None
+    markers: dict[int, Marker] = {}
+    for meta in listed:
+        name = str(meta["path"]).rsplit("/", 1)[-1]
+        stem, dot, ext = name.partition(".")
+        if ext == "json" and len(stem) == 20 and stem.isdigit():
+            v = int(stem)
+            markers[v] = (v, int(meta["size"]), _tag(meta.get("e_tag"), meta["last_modified"]))
+    return markers
+
+
+def _tag(e_tag: Any, last_modified: Any) -> int:
+    return hash(str(e_tag or last_modified))
+
+
 def _commit_file_marker(
     uri: str, version: int, options: Mapping[str, str] | None = None
-) -> tuple[int, int, int] | None:
+) -> Marker | None:
     """(version, size, mtime) of the commit file of ``version``; None if there is none."""
     name = f"{version:020d}.json"
+    listed = _listed_commits(uri, version, options)
+    if listed is not None:  # the same request the catch-up check makes: same markers
+        return listed.get(version)
     if _fs.is_local(uri):
         try:
             st = os.stat(os.path.join(uri, "_delta_log", name))
@@ -78,11 +136,7 @@ def _commit_file_marker(
             return None
         if head.get("type") != "file":
             return None
-        return (
-            version,
-            int(head["size"]),
-            hash(str(head.get("e_tag") or head.get("last_modified"))),
-        )
+        return (version, int(head["size"]), _tag(head.get("e_tag"), head.get("last_modified")))
     import pyarrow.fs as pa_fs
 
     try:
@@ -111,6 +165,18 @@ def _store(uri: str, options: Mapping[str, str] | None):
     return store
 
 
+@contextmanager
+def one_check_per_step() -> Iterator[None]:
+    """Within the block, this thread checks each cached table once for reads that
+    accept a slightly stale copy (``refresh=False``); see the module's rules."""
+    outer = getattr(_LOCAL, "checked", None)
+    _LOCAL.checked = set() if outer is None else outer
+    try:
+        yield
+    finally:
+        _LOCAL.checked = outer
+
+
 def open_table(
     uri: str, storage_options: Mapping[str, str] | None = None, *, refresh: bool = True
 ) -> Any | None:
@@ -126,17 +192,42 @@ def open_table(
     options = dict(storage_options or {}) or None
     cache: dict = _LOCAL.__dict__.setdefault("tables", {})
     key = (uri, tuple(sorted((options or {}).items())))
-    entry = cache.pop(key, None)
+    checked: set | None = getattr(_LOCAL, "checked", None)
+    entry = cache.get(key)
+    if entry is not None and not refresh and checked is not None and key in checked:
+        return entry[0]
+    cache.pop(key, None)
+    if checked is not None:
+        checked.add(key)
     dt = None
+    listed: dict[int, Marker] | None = None
     if entry is not None:
         cached, marker, read_at, base = entry
+        if marker is not None:
+            listed = _listed_commits(uri, marker[0], options)
         if cached.version() - base >= REBASE_AFTER:
             pass  # a long log segment: open afresh from the latest checkpoint
-        elif marker is not None and _commit_file_marker(uri, marker[0], options) == marker:
+        elif (
+            marker is not None
+            and (
+                listed.get(marker[0])
+                if listed is not None
+                else _commit_file_marker(uri, marker[0], options)
+            )
+            == marker
+        ):
             if not refresh and time.monotonic() - read_at < STALE_OK_S:
                 cache[key] = entry
                 return cached
             version = cached.version()
+            if listed is not None and max(listed) <= max(marker[0], version):
+                # Nothing newer than what the table holds (our own commits may have
+                # moved it past its marker: then that commit file must be listed too,
+                # or the table was put back to an older copy under us: reopen).
+                current = marker if version <= marker[0] else listed.get(version)
+                if current is not None:
+                    cache[key] = (cached, current, time.monotonic(), base)
+                    return cached
             if _fs.is_local(uri) and not _has_commit(uri, max(marker[0], version) + 1):
                 # Nothing new: on a local disk delta-rs' catch-up lists the whole
                 # _delta_log folder (every commit the log retention keeps: the cost
@@ -163,8 +254,39 @@ def open_table(
         except TableNotFoundError:
             return None
         base = dt.version()
-    cache[key] = (dt, _commit_file_marker(uri, dt.version(), options), time.monotonic(), base)
+    # The LIST made before the catch-up or reopen shows every commit file up to then:
+    # a version it holds needs no second request for its marker.
+    marker_now = listed.get(dt.version()) if listed else None
+    if marker_now is None:
+        marker_now = _commit_file_marker(uri, dt.version(), options)
+    cache[key] = (dt, marker_now, time.monotonic(), base)
     return dt
+
+
+def read_commit_actions(
+    uri: str, version: int, options: Mapping[str, str] | None = None
+) -> list[dict[str, Any]] | None:
+    """The actions of one commit file, one GET; None if it cannot be read (gone,
+    unreachable, a store obstore lacks): callers then ask delta-rs."""
+    import json
+
+    name = f"_delta_log/{version:020d}.json"
+    try:
+        if _fs.is_local(uri):
+            with open(os.path.join(uri, name), "rb") as f:
+                raw = f.read()
+        else:
+            from .options import object_store_fs
+
+            found = object_store_fs(uri, options)
+            if found is None:
+                return None
+            fs, root = found
+            raw = fs.cat_file(f"{root}/{name}")
+        return [json.loads(line) for line in raw.splitlines() if line.strip()]
+    except Exception:  # missing, unreachable, not JSON: delta-rs decides and says why
+        log.debug("reading %s/%s failed", uri, name, exc_info=True)
+        return None
 
 
 def forget_table(uri: str, storage_options: Mapping[str, str] | None = None) -> None:

@@ -277,11 +277,13 @@ def test_an_append_after_a_read_takes_its_seq_from_the_read(tmp_path, monkeypatc
     assert [e.seq for e in log.read("s")] == [0, 1, 2, 3, 4]
 
 
-def test_phase_two_asks_delta_rs_for_the_sinks_txn_once_per_foreign_version(tmp_path, monkeypatch):
+def test_phase_two_reads_the_sinks_txn_from_new_commits_not_a_log_replay(tmp_path, monkeypatch):
     """Phase 2 reads the sink's app transaction (is the batch there?) and then commits
     it. Asked of the same table object at the same version, or after our own commit
-    was the only one, the answer is known; delta-rs is asked only when someone else
-    committed, and the version phase 2 reports is still the one carrying the batch."""
+    was the only one, the answer is known; after someone else's commits it is read
+    from those commit files (one GET each), not from delta-rs's replay of the log since
+    the checkpoint, and the version phase 2 reports is still the one carrying the
+    batch."""
     uri, staging, target = _sink(tmp_path)
     _commit_batches(staging, target, [0, 1], "snapshots")  # created, then appended to
     asked: list[str] = []
@@ -293,6 +295,57 @@ def test_phase_two_asks_delta_rs_for_the_sinks_txn_once_per_foreign_version(tmp_
     assert target.committed_batch(SINK) == 3
     assert asked == []
     write_deltalake(uri, pa.table({"id": pa.array([99], pa.int64())}), mode="append")  # foreign
-    assert target.committed_batch(SINK) == 3 and asked == [SINK]
+    assert target.committed_batch(SINK) == 3 and asked == []
     history = {h["version"]: h for h in DeltaTable(uri).history()}
     assert history[3]["pyspark_txn.batch_id"] == 3  # versions 1..3 are batches 1..3
+
+
+def _foreign_txn(uri, app_id, version):
+    """A commit by another writer that carries an app transaction (as Spark's Delta
+    sink or another delta-rs writer would)."""
+    from deltalake.transaction import CommitProperties, Transaction
+
+    write_deltalake(
+        uri,
+        pa.table({"id": pa.array([version], pa.int64())}),
+        mode="append",
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(app_id=app_id, version=version)]
+        ),
+    )
+
+
+def test_the_sinks_txn_in_a_foreign_commit_is_seen_without_a_replay(tmp_path, monkeypatch):
+    uri, staging, target = _sink(tmp_path)
+    _commit_batches(staging, target, [0, 1], "snapshots")
+    assert target.committed_batch(SINK) == 1
+    asked: list[str] = []
+    replay = DeltaTable.transaction_version
+    monkeypatch.setattr(
+        DeltaTable, "transaction_version", lambda self, app: asked.append(app) or replay(self, app)
+    )
+    _foreign_txn(uri, "someone-else", 4)
+    _foreign_txn(uri, SINK, 7)  # the same app id written by another writer: it counts
+    _foreign_txn(uri, "someone-else", 5)
+    assert target.committed_batch(SINK) == 7 and asked == []
+    assert DeltaTable(uri).transaction_version(SINK) == 7  # what delta-rs would say
+
+
+def test_unreadable_or_many_new_commits_are_left_to_delta_rs(tmp_path, monkeypatch):
+    from pyspark_txn.sinks.delta_target import APP_VERSION_CATCH_UP
+
+    uri, staging, target = _sink(tmp_path)
+    _commit_batches(staging, target, [0, 1], "snapshots")
+    assert target.committed_batch(SINK) == 1
+    asked: list[str] = []
+    replay = DeltaTable.transaction_version
+    monkeypatch.setattr(
+        DeltaTable, "transaction_version", lambda self, app: asked.append(app) or replay(self, app)
+    )
+    for i in range(APP_VERSION_CATCH_UP + 1):
+        _foreign_txn(uri, "someone-else", i)
+    _foreign_txn(uri, SINK, 9)
+    assert target.committed_batch(SINK) == 9 and asked == [SINK]
+    monkeypatch.setattr("pyspark_txn.sinks.delta_target.read_commit_actions", lambda *a, **k: None)
+    _foreign_txn(uri, SINK, 10)
+    assert target.committed_batch(SINK) == 10 and asked == [SINK, SINK]
