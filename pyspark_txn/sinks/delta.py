@@ -388,7 +388,11 @@ class TxnDeltaStreamWriter(WriterBase):
         # than at pickling, where it would be buried in a PicklingError.
         opts.check_schema(self.arrow_schema)
         check_writable_schema(self.arrow_schema)
-        opts.target().check_stream_schema(self.arrow_schema, opts.merge_schema)
+        # One step per writer and process (Spark builds one per batch in the planner and
+        # one in the commit worker): tables checked here are not checked again in it.
+        self._checked: set = set()
+        with one_check_per_step(self._checked):
+            opts.target().check_stream_schema(self.arrow_schema, opts.merge_schema)
         self._attempt: tuple[int, str] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -396,13 +400,13 @@ class TxnDeltaStreamWriter(WriterBase):
         # the one place a snapshot id can be made safe before phase 1.
         if self._attempt is None:
             worker_logging(self.opts.log_level)
-            with store_errors(), one_check_per_step():
+            with store_errors(), one_check_per_step(self._checked):
                 self._attempt = (
                     (LIGHT_SNAPSHOT_ID, new_token())
                     if self.opts.light
                     else _prepare_attempt(self.opts)
                 )
-        return self.__dict__
+        return {k: v for k, v in self.__dict__.items() if k != "_checked"}
 
     def write(self, iterator) -> TxnCommitMessage:
         worker_logging(self.opts.log_level)
@@ -422,7 +426,7 @@ class TxnDeltaStreamWriter(WriterBase):
 
     def commit(self, messages, batchId: int) -> None:
         worker_logging(self.opts.log_level)
-        with store_errors(), one_check_per_step():
+        with store_errors(), one_check_per_step(getattr(self, "_checked", None)):
             self._commit(messages, batchId)
 
     def _commit(self, messages, batchId: int) -> None:

@@ -310,29 +310,8 @@ class DeltaTarget(Target):
 
     def verify_staged(self, snapshot_id: int, token: str, txns: Sequence[TxnHandle]) -> None:
         """Every file is there with its size, and its parquet footer has the promised rows."""
-        import pyarrow.parquet as pq
-
-        bad = []
-        for t in txns:
-            try:
-                size = self.fs.info(self._abs(t.handle))["size"]
-            except FileNotFoundError:
-                size = None
-            if size != t.bytes:
-                bad.append(
-                    f"{t.handle} (expected {t.bytes} bytes, found "
-                    f"{'nothing' if size is None else size})"
-                )
-                continue
-            try:
-                # the size is known: opening does not ask the store for it again
-                with self.fs.open(self._abs(t.handle), "rb", size=size) as f:
-                    rows = pq.ParquetFile(f).metadata.num_rows
-            except Exception as e:
-                bad.append(f"{t.handle} (unreadable parquet footer: {e})")
-                continue
-            if rows != t.rows:
-                bad.append(f"{t.handle} (expected {t.rows} rows, its footer says {rows})")
+        found = list(_map_io(self._staged_problem, txns, remote=not _fs.is_local(self.uri)))
+        bad = [problem for problem in found if problem is not None]
         if bad:
             gone = not self.fs.exists(self.root)
             raise CorruptSnapshotError(
@@ -346,6 +325,33 @@ class DeltaTarget(Target):
                 + ", ".join(bad)
             )
         self._verified = (snapshot_id, token, _txn_key(txns))
+
+    def _staged_problem(self, t: TxnHandle) -> str | None:
+        """What is wrong with one staged file, or None: its size and footer from one
+        GET of its end where the store allows (a HEAD and a GET otherwise)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = self._abs(t.handle)
+        try:
+            size, tail = _fs.read_tail(self.fs, path, FOOTER_READ)
+        except FileNotFoundError:
+            size, tail = None, b""
+        except Exception as e:
+            return f"{t.handle} (unreadable: {e})"
+        if size != t.bytes:
+            found = "nothing" if size is None else size
+            return f"{t.handle} (expected {t.bytes} bytes, found {found})"
+        try:
+            footer = int.from_bytes(tail[-8:-4], "little") + 8 if len(tail) >= 8 else size
+            if footer > len(tail):  # a footer larger than the first read
+                tail = self.fs.cat_file(path, start=max(0, size - footer), end=size)
+            rows = pq.read_metadata(pa.BufferReader(tail)).num_rows
+        except Exception as e:
+            return f"{t.handle} (unreadable parquet footer: {e})"
+        if rows != t.rows:
+            return f"{t.handle} (expected {t.rows} rows, its footer says {rows})"
+        return None
 
     def discard(self, snapshot_id: int, token: str, keep: Iterable[str] = ()) -> None:
         keep = set(keep)
@@ -683,6 +689,24 @@ class DeltaTarget(Target):
             "another query writes to this table as the same sink id. Give every query its "
             "own sinkId; then abandon this snapshot (`pyspark-txn abandon`) or restore."
         )
+
+
+#: Bytes read from the end of a staged file to check its footer (one GET where the
+#: store takes suffix ranges); a larger footer costs a second read.
+FOOTER_READ = 64 * 1024
+
+#: Staged files checked at once on an object store (each check waits on a request).
+VERIFY_THREADS = 16
+
+
+def _map_io(fn, items: Sequence[Any], *, remote: bool):
+    """``map(fn, items)``, on a few threads where each call waits on an object store."""
+    if not remote or len(items) < 2:
+        return map(fn, items)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(VERIFY_THREADS, len(items))) as pool:
+        return list(pool.map(fn, items))
 
 
 #: How many of the table's latest commits light mode reads for the one that holds the

@@ -20,7 +20,8 @@ Safety rules:
   local disk: an append 3 ms on a fresh table, 44 ms 600 commits later on one
   object with a checkpoint every 100; 4-11 ms when reopened at each
   checkpoint). Writers that checkpoint call :func:`forget_table` right after.
-- Within one protocol step (:func:`one_check_per_step`: a commit, an allocation), a
+- Within one protocol step (:func:`one_check_per_step`: a Spark writer's life in
+  the planner, building it and allocating; or in the commit worker), a
   table checked once is not checked again for ``refresh=False`` reads: the step
   might as well have held on to the object, and the opens that must see the
   latest commit (``refresh=True``) still check. A commit step opened the target
@@ -166,11 +167,13 @@ def _store(uri: str, options: Mapping[str, str] | None):
 
 
 @contextmanager
-def one_check_per_step() -> Iterator[None]:
+def one_check_per_step(checked: set | None = None) -> Iterator[None]:
     """Within the block, this thread checks each cached table once for reads that
-    accept a slightly stale copy (``refresh=False``); see the module's rules."""
+    accept a slightly stale copy (``refresh=False``); see the module's rules.
+    ``checked``: the tables checked so far in this step, to carry a step over several
+    blocks (a Spark writer's life in one process: built, then pickled or committed)."""
     outer = getattr(_LOCAL, "checked", None)
-    _LOCAL.checked = set() if outer is None else outer
+    _LOCAL.checked = checked if checked is not None else (set() if outer is None else outer)
     try:
         yield
     finally:
