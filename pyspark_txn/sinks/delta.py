@@ -279,14 +279,15 @@ class DeltaSinkOptions:
                 "option partitionBy: at least one column must not be a partition column"
             )
 
-    def target_meta(self, arrow_schema, base_version: int | None) -> dict[str, Any]:
-        """What phase 2 needs of the stream besides the files (kept in the record)."""
+    def target_meta(self, arrow_schema, base: Mapping[str, Any] | None) -> dict[str, Any]:
+        """What phase 2 needs of the stream besides the files (kept in the record).
+        ``base``: :meth:`DeltaTarget.base` when a record is made (None for light mode)."""
         return {
             "uri": self.path,
             "arrow_schema": schema_to_b64(arrow_schema),
             "partition_by": list(self.partition_by),
             "merge_schema": self.merge_schema,
-            "base_version": base_version,
+            **(base or {"base_version": None}),
         }
 
     def record_store(self) -> RecordStore:
@@ -449,9 +450,7 @@ class TxnDeltaStreamWriter(WriterBase):
             batch_attempt(committer, msgs, batchId),
             self.opts.checkpoint_location,
             self.opts.query_name,
-            lambda: self.opts.target_meta(
-                self.arrow_schema, _delta_target(committer).base_version()
-            ),
+            lambda: self.opts.target_meta(self.arrow_schema, _delta_target(committer).base()),
             self.opts.storage,
         )
 

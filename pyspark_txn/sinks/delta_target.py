@@ -19,10 +19,15 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..errors import CheckpointMismatchError, ConfigError, CorruptSnapshotError
+from ..errors import CheckpointMismatchError, ConfigError, CorruptSnapshotError, TargetGoneError
 from ..state import SnapshotRecord, TxnHandle
 from ..storage import fs as _fs
-from ..storage.delta_tables import forget_table, open_table, read_commit_actions
+from ..storage.delta_tables import (
+    forget_table,
+    note_own_commit,
+    open_table,
+    read_commit_actions,
+)
 from ..storage.options import StorageOptions
 from .delta_target_schema import (  # noqa: F401 (re-exported: callers import them from here)
     CDF_COLUMNS,
@@ -418,6 +423,14 @@ class DeltaTarget(Target):
         dt = self.open(refresh=False)  # older is fine: a lower bound
         return None if dt is None else dt.version()
 
+    def base(self) -> dict[str, Any]:
+        """The table a record is made against (kept in the record's target meta): its
+        version now (a lower bound) and its id. Phase 2 refuses another table."""
+        dt = self.open(refresh=False)
+        if dt is None:
+            return {"base_version": None}
+        return {"base_version": dt.version(), "table_id": dt.metadata().id}
+
     def preflight(self, record: SnapshotRecord) -> None:
         """What phase 2 would refuse, found before the record is written."""
         stream_schema = schema_from_b64(record.target["arrow_schema"])
@@ -472,6 +485,7 @@ class DeltaTarget(Target):
         dt, done = self._held(record.batch_id)
         if done is not None:
             return self._own_commit(dt, record, done)
+        self._refuse_replaced(dt, record)
         if dt is not None and not record.txns:  # an empty batch: no empty Delta commit
             return None
         verified, self._verified = self._verified, None
@@ -496,6 +510,31 @@ class DeltaTarget(Target):
         if before is not None and dt.version() == before + 1:
             return before + 1  # the only commit since the one ours was built on: ours
         return self._own_commit(dt, record, record.batch_id)
+
+    def _refuse_replaced(self, dt, record: SnapshotRecord) -> None:
+        """The table phase 2 found must be the one the record was made against: the
+        checks for a lost table come before the record, and the table can go between
+        them and phase 2. A new table there (or none: phase 2 would create one) would
+        take this batch without the earlier ones, and every later batch would agree."""
+        base = record.target.get("base_version")
+        if base is None:
+            return  # no table when the record was made: phase 2 creates it
+        table_id = record.target.get("table_id")
+        if dt is None:
+            now = "there is no table there now"
+        elif dt.version() < int(base):
+            now = f"it is at version {dt.version()} now: re-created or restored"
+        elif table_id and dt.metadata().id != table_id:
+            now = f"it is another table now (id {dt.metadata().id}, was {table_id}): re-created"
+        else:
+            return
+        raise TargetGoneError(
+            f"sink {self.sink_id!r}: the Delta table at {self.uri} was at version {base} "
+            f"when the record of batch {record.batch_id} (snapshot {record.snapshot_id}) was "
+            f"written, and {now}. Phase 2 did not write: the batches before it would be "
+            "missing from the table. Restore the table where it was (with its _delta_log), "
+            "or start over with a new checkpoint"
+        )
 
     def commit_batch(
         self,
@@ -638,6 +677,7 @@ class DeltaTarget(Target):
         dt.update_incremental()
         if dt.version() == before + 1:  # ours is the only commit since: its txn is known
             _app_versions()[(self.uri, self.sink_id)] = (dt, dt.version(), batch_id)
+            note_own_commit(self.uri, self.storage_options, dt)
         maintain_log(dt, self.uri, self.storage_options)
         return dt
 

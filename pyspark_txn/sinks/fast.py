@@ -293,7 +293,7 @@ class DeltaBatchWriter:
                 snapshot_id,
                 token,
                 txns,
-                target_meta=opts.target_meta(arrow_schema, target.base_version()),
+                target_meta=opts.target_meta(arrow_schema, target.base()),
                 **commit_kw,
             )
         except BaseException:

@@ -22,7 +22,8 @@ Safety rules:
   checkpoint). Writers that checkpoint call :func:`forget_table` right after.
 - Within one protocol step (:func:`one_check_per_step`: a Spark writer's life in
   the planner, building it and allocating; or in the commit worker), a
-  table checked once is not checked again for ``refresh=False`` reads: the step
+  table checked once is not checked again for ``refresh=False`` reads (never for
+  a write, ``for_write``: a table re-created since would take the commit): the step
   might as well have held on to the object, and the opens that must see the
   latest commit (``refresh=True``) still check. A commit step opened the target
   six times and the record table twice, each check a request on an object store.
@@ -181,13 +182,19 @@ def one_check_per_step(checked: set | None = None) -> Iterator[None]:
 
 
 def open_table(
-    uri: str, storage_options: Mapping[str, str] | None = None, *, refresh: bool = True
+    uri: str,
+    storage_options: Mapping[str, str] | None = None,
+    *,
+    refresh: bool = True,
+    for_write: bool = False,
 ) -> Any | None:
     """The table at ``uri`` at its latest version, or None if there is none.
 
     ``refresh=False`` returns this thread's cached table as last read, if that
     was less than :data:`STALE_OK_S` ago: for a commit whose conflict check makes
-    a slightly stale snapshot safe.
+    a slightly stale snapshot safe. ``for_write``: a commit will be built on it, so
+    it is checked even where this step checked it already (a table re-created since
+    would take the commit: its conflict check cannot tell two tables apart).
     """
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
@@ -197,7 +204,7 @@ def open_table(
     key = (uri, tuple(sorted((options or {}).items())))
     checked: set | None = getattr(_LOCAL, "checked", None)
     entry = cache.get(key)
-    if entry is not None and not refresh and checked is not None and key in checked:
+    if entry is not None and not (refresh or for_write) and checked is not None and key in checked:
         return entry[0]
     cache.pop(key, None)
     if checked is not None:
@@ -210,6 +217,11 @@ def open_table(
             listed = _listed_commits(uri, marker[0], options)
         if cached.version() - base >= REBASE_AFTER:
             pass  # a long log segment: open afresh from the latest checkpoint
+        elif cached.version() > marker[0] if marker is not None else False:
+            # Moved by a commit made through it that nobody noted (note_own_commit):
+            # the file at its version may not be ours any more (the table put back to
+            # an older copy, then someone else's commit there), so it is not trusted.
+            pass
         elif (
             marker is not None
             and (
@@ -222,27 +234,16 @@ def open_table(
             if not refresh and time.monotonic() - read_at < STALE_OK_S:
                 cache[key] = entry
                 return cached
-            version = cached.version()
-            if listed is not None and max(listed) <= max(marker[0], version):
-                # Nothing newer than what the table holds (our own commits may have
-                # moved it past its marker: then that commit file must be listed too,
-                # or the table was put back to an older copy under us: reopen).
-                current = marker if version <= marker[0] else listed.get(version)
-                if current is not None:
-                    cache[key] = (cached, current, time.monotonic(), base)
-                    return cached
-            if _fs.is_local(uri) and not _has_commit(uri, max(marker[0], version) + 1):
+            if listed is not None and max(listed) <= marker[0]:
+                cache[key] = (cached, marker, time.monotonic(), base)  # nothing newer
+                return cached
+            if _fs.is_local(uri) and not _has_commit(uri, marker[0] + 1):
                 # Nothing new: on a local disk delta-rs' catch-up lists the whole
                 # _delta_log folder (every commit the log retention keeps: the cost
                 # grew with the number of batches). Commits are numbered without
                 # gaps and cleaned up oldest first: no next file, no newer commit.
-                # The table may be ahead of its marker (our own commits move it):
-                # then that version's commit file must be there too, or the table
-                # was put back to an older copy under us (reopen: it says so).
-                current = marker if version <= marker[0] else _commit_file_marker(uri, version)
-                if current is not None:
-                    cache[key] = (cached, current, time.monotonic(), base)
-                    return cached
+                cache[key] = (cached, marker, time.monotonic(), base)
+                return cached
             try:
                 cached.update_incremental()
                 dt = cached
@@ -290,6 +291,20 @@ def read_commit_actions(
     except Exception:  # missing, unreachable, not JSON: delta-rs decides and says why
         log.debug("reading %s/%s failed", uri, name, exc_info=True)
         return None
+
+
+def note_own_commit(uri: str, storage_options: Mapping[str, str] | None, dt: Any) -> None:
+    """After a commit made through ``dt`` (this thread's cached table, caught up to
+    it): the cache's marker becomes that commit's file, as read now (a LIST or a
+    ``stat``), so that later checks compare against our own file."""
+    options = dict(storage_options or {}) or None
+    cache: dict = _LOCAL.__dict__.setdefault("tables", {})
+    key = (uri, tuple(sorted((options or {}).items())))
+    entry = cache.get(key)
+    if entry is None or entry[0] is not dt:
+        return
+    marker = _commit_file_marker(uri, dt.version(), options)
+    cache[key] = (dt, marker, entry[2], entry[3])
 
 
 def forget_table(uri: str, storage_options: Mapping[str, str] | None = None) -> None:

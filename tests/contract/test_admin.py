@@ -61,13 +61,7 @@ class SinkDriver:
             run_id=run_id,
             query_id="q",
             source_offsets=source_offsets,
-            target_meta={
-                "uri": self.opts.path,
-                "arrow_schema": schema_to_b64(SCHEMA),
-                "partition_by": list(self.opts.partition_by),
-                "merge_schema": False,
-                "base_version": committer.target.base_version(),
-            },
+            target_meta=self.opts.target_meta(SCHEMA, committer.target.base()),
         )
 
     def record(self, snapshot_id):
