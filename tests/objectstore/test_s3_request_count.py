@@ -73,3 +73,52 @@ def _env() -> dict[str, str]:
 @pytest.fixture(autouse=True)
 def _calm(proxy):
     proxy.calm()
+
+
+def _requests(proxy, action) -> dict[str, int]:
+    before = dict(proxy.counts)
+    result = action()
+    now = dict(proxy.counts)
+    return result, {k: now[k] - before.get(k, 0) for k in now if now[k] != before.get(k, 0)}
+
+
+def test_a_cached_table_with_nothing_new_is_checked_with_one_list(s3):
+    """The check that a cached table is still the table there (its last seen commit
+    file unchanged) is one LIST that starts at that file, and says whether anything is
+    newer: with nothing new, no catch-up request follows."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from pyspark_txn.storage.delta_tables import open_table
+
+    uri = s3.uri("cheap-check")
+    write_deltalake(uri, pa.table({"a": [1]}), storage_options=s3.options)
+    first = open_table(uri, s3.options)
+    again, cost = _requests(s3.proxy, lambda: open_table(uri, s3.options))
+    assert again is first and cost == {"GET": 1}
+    write_deltalake(uri, pa.table({"a": [2]}), storage_options=s3.options, mode="append")
+    caught_up, cost = _requests(s3.proxy, lambda: open_table(uri, s3.options))
+    assert caught_up is first and caught_up.version() == 1
+    assert "HEAD" not in cost  # the new marker comes from the same LIST
+
+
+def test_a_staged_file_is_checked_with_one_get(s3):
+    """Its size comes with a GET of its end (a suffix range), with the footer."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pyspark_txn.storage import fs as _fs
+    from pyspark_txn.storage.options import StorageOptions
+
+    uri = s3.uri("tail")
+    fs, root = StorageOptions.parse(s3.options).filesystem(uri)
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"a": list(range(1000))}), buf)
+    fs.pipe_file(f"{root}/f.parquet", buf.getvalue())
+    (size, tail), cost = _requests(s3.proxy, lambda: _fs.read_tail(fs, f"{root}/f.parquet", 65536))
+    assert cost == {"GET": 1} and size == len(buf.getvalue())
+    assert pq.read_metadata(pa.BufferReader(tail)).num_rows == 1000
+    with pytest.raises(FileNotFoundError):
+        _fs.read_tail(fs, f"{root}/missing.parquet", 65536)
