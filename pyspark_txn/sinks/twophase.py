@@ -455,10 +455,12 @@ class TwoPhaseCommitter:
         self._sweep(state)
         return state
 
-    def _sweep(self, state: SinkState) -> None:
+    def _sweep(self, state: SinkState, attempts: set[tuple[int, str]] | None = None) -> None:
         """Delete every staged attempt the state proves dead (safe on a stale state), and
-        forget settled attempts, so the staging area lists only recent ones."""
-        attempts = self.target.staged_attempts()
+        forget settled attempts, so the staging area lists only recent ones.
+        ``attempts``: the staged attempts, if just listed."""
+        if attempts is None:
+            attempts = self.target.staged_attempts()
         for sid, token in sorted(dead_snapshots(state, attempts)):
             # Its markers stay until it is settled (a zombie task may still write), so
             # later sweeps find it again: said once per process, then at DEBUG.
@@ -663,7 +665,7 @@ class TwoPhaseCommitter:
                 return abandon(s, sid, reason)
 
             _, state = self._update(withdraw, state)
-        self._sweep(state)
+        self._sweep(state, staged)  # the query is stopped: nothing staged since the listing
         for sid in withdrawn:  # the query is stopped (documented): no task can still write
             self.target.discard(sid, state.allocations[sid])
             self.target.forget(sid, state.allocations[sid])
