@@ -425,11 +425,15 @@ class DeltaTarget(Target):
 
     def base(self) -> dict[str, Any]:
         """The table a record is made against (kept in the record's target meta): its
-        version now (a lower bound) and its id. Phase 2 refuses another table."""
+        version now and the sink's batch in it (lower bounds both). Phase 2 refuses a
+        table below either: deleted, re-created, or put back to an older copy."""
         dt = self.open(refresh=False)
         if dt is None:
             return {"base_version": None}
-        return {"base_version": dt.version(), "table_id": dt.metadata().id}
+        return {
+            "base_version": dt.version(),
+            "base_batch": _app_version(dt, self.uri, self.sink_id, self.storage_options),
+        }
 
     def preflight(self, record: SnapshotRecord) -> None:
         """What phase 2 would refuse, found before the record is written."""
@@ -519,13 +523,17 @@ class DeltaTarget(Target):
         base = record.target.get("base_version")
         if base is None:
             return  # no table when the record was made: phase 2 creates it
-        table_id = record.target.get("table_id")
+        # Not the table's id: a table replaced in place (CREATE OR REPLACE) gets a new
+        # one and keeps its log, history and app transactions: it is the same table.
+        base_batch = record.target.get("base_batch")
+        held = _app_version(dt, self.uri, self.sink_id, self.storage_options)
         if dt is None:
             now = "there is no table there now"
         elif dt.version() < int(base):
             now = f"it is at version {dt.version()} now: re-created or restored"
-        elif table_id and dt.metadata().id != table_id:
-            now = f"it is another table now (id {dt.metadata().id}, was {table_id}): re-created"
+        elif base_batch is not None and (held is None or held < int(base_batch)):
+            holds = "no batch of this sink" if held is None else f"batches only up to {held}"
+            now = f"it holds {holds}, where it held batch {base_batch}: re-created or restored"
         else:
             return
         raise TargetGoneError(
@@ -677,7 +685,8 @@ class DeltaTarget(Target):
         dt.update_incremental()
         if dt.version() == before + 1:  # ours is the only commit since: its txn is known
             _app_versions()[(self.uri, self.sink_id)] = (dt, dt.version(), batch_id)
-            note_own_commit(self.uri, self.storage_options, dt)
+        # (with others' commits after ours too: the object has just read them all)
+        note_own_commit(self.uri, self.storage_options, dt)
         maintain_log(dt, self.uri, self.storage_options)
         return dt
 
