@@ -137,38 +137,6 @@ def test_expired_log_entries_go_as_the_tables_retention_says(tmp_path):
 # --- the driver's cache on an object store ------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def s3():
-    """moto's S3 server on loopback: (delta-rs storage options, a bucket-emptying helper)."""
-    boto3 = pytest.importorskip("boto3")
-    server_mod = pytest.importorskip("moto.server")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    kw = {
-        "endpoint_url": endpoint,
-        "aws_access_key_id": "testing",
-        "aws_secret_access_key": "testing",
-        "region_name": "us-east-1",
-    }
-    bucket = boto3.resource("s3", **kw).Bucket("cost")
-    bucket.create()
-    options = {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ALLOW_HTTP": "true",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-    }
-
-    def delete(prefix):
-        bucket.objects.filter(Prefix=prefix + "/").delete()
-
-    yield options, delete
-    server.stop()
-
-
 def test_a_local_table_is_caught_up_only_when_it_has_a_new_commit(tmp_path):
     """On a local disk a cached table is not caught up (delta-rs would list the whole
     _delta_log folder) unless the next commit file exists; then it is."""
@@ -189,7 +157,7 @@ def test_a_local_table_is_caught_up_only_when_it_has_a_new_commit(tmp_path):
 
 
 def test_a_remote_table_is_cached_and_caught_up(s3):
-    options, _ = s3
+    options = s3.options
     uri = "s3://cost/cached"
     write_deltalake(uri, pa.table({"a": [1]}), storage_options=options)
     first = open_table(uri, options)
@@ -201,7 +169,7 @@ def test_a_remote_table_is_cached_and_caught_up(s3):
 
 @pytest.mark.parametrize("new_count", [1, 2, 4], ids=["fewer", "same", "more"])
 def test_a_remote_table_recreated_under_the_same_uri_is_not_mixed(s3, new_count):
-    options, delete = s3
+    options, delete = s3.options, s3.delete
     uri = f"s3://cost/recreated-{new_count}"
     write_deltalake(uri, pa.table({"a": [1]}), storage_options=options)
     write_deltalake(uri, pa.table({"a": [2]}), storage_options=options, mode="append")
@@ -221,23 +189,15 @@ def test_a_remote_record_table_gets_a_checkpoint_with_each_compaction(s3, tmp_pa
     """Compaction comes every 32 versions, and a checkpoint with it (more often, every
     process that keeps the table open reads each checkpoint again). Readers get every
     event from the checkpoint alone."""
-    import boto3
     from support import allocated_event
 
     from pyspark_txn.state import DeltaEventLog
 
-    options, _ = s3
     uri = "s3://cost/records-ckpt"
-    log = DeltaEventLog(uri, options)
+    log = DeltaEventLog(uri, s3.options)
     for seq in range(40):
         log.append(allocated_event(seq, query_id="q"))
-    bucket = boto3.resource(
-        "s3",
-        endpoint_url=options["AWS_ENDPOINT_URL"],
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).Bucket("cost")
+    bucket = s3.bucket
     local = tmp_path / "records"
     for obj in bucket.objects.filter(Prefix="records-ckpt/"):
         dest = local / obj.key[len("records-ckpt/") :]
@@ -261,11 +221,7 @@ def test_an_append_after_a_read_takes_its_seq_from_the_read(tmp_path, monkeypatc
     log = DeltaEventLog(str(tmp_path / "records"))
     for seq in range(3):
         log.append(allocated_event(seq))
-    asked: list[str] = []
-    replay = DeltaTable.transaction_version
-    monkeypatch.setattr(
-        DeltaTable, "transaction_version", lambda self, app: asked.append(app) or replay(self, app)
-    )
+    asked = _count_replays(monkeypatch)
     assert [e.seq for e in log.read("s")] == [0, 1, 2]
     log.append(allocated_event(3))
     log.append(allocated_event(4))  # after our own append: the cache has it too
@@ -277,6 +233,17 @@ def test_an_append_after_a_read_takes_its_seq_from_the_read(tmp_path, monkeypatc
     assert [e.seq for e in log.read("s")] == [0, 1, 2, 3, 4]
 
 
+def _count_replays(monkeypatch) -> list[str]:
+    """The app ids delta-rs's ``transaction_version`` (a replay of the log since the
+    checkpoint) is asked for from now on."""
+    asked: list[str] = []
+    replay = DeltaTable.transaction_version
+    monkeypatch.setattr(
+        DeltaTable, "transaction_version", lambda self, app: asked.append(app) or replay(self, app)
+    )
+    return asked
+
+
 def test_phase_two_reads_the_sinks_txn_from_new_commits_not_a_log_replay(tmp_path, monkeypatch):
     """Phase 2 reads the sink's app transaction (is the batch there?) and then commits
     it. Asked of the same table object at the same version, or after our own commit
@@ -286,11 +253,7 @@ def test_phase_two_reads_the_sinks_txn_from_new_commits_not_a_log_replay(tmp_pat
     batch."""
     uri, staging, target = _sink(tmp_path)
     _commit_batches(staging, target, [0, 1], "snapshots")  # created, then appended to
-    asked: list[str] = []
-    replay = DeltaTable.transaction_version
-    monkeypatch.setattr(
-        DeltaTable, "transaction_version", lambda self, app: asked.append(app) or replay(self, app)
-    )
+    asked = _count_replays(monkeypatch)
     _commit_batches(staging, target, [2, 3], "snapshots")
     assert target.committed_batch(SINK) == 3
     assert asked == []
@@ -319,11 +282,7 @@ def test_the_sinks_txn_in_a_foreign_commit_is_seen_without_a_replay(tmp_path, mo
     uri, staging, target = _sink(tmp_path)
     _commit_batches(staging, target, [0, 1], "snapshots")
     assert target.committed_batch(SINK) == 1
-    asked: list[str] = []
-    replay = DeltaTable.transaction_version
-    monkeypatch.setattr(
-        DeltaTable, "transaction_version", lambda self, app: asked.append(app) or replay(self, app)
-    )
+    asked = _count_replays(monkeypatch)
     _foreign_txn(uri, "someone-else", 4)
     _foreign_txn(uri, SINK, 7)  # the same app id written by another writer: it counts
     _foreign_txn(uri, "someone-else", 5)
@@ -337,11 +296,7 @@ def test_unreadable_or_many_new_commits_are_left_to_delta_rs(tmp_path, monkeypat
     uri, staging, target = _sink(tmp_path)
     _commit_batches(staging, target, [0, 1], "snapshots")
     assert target.committed_batch(SINK) == 1
-    asked: list[str] = []
-    replay = DeltaTable.transaction_version
-    monkeypatch.setattr(
-        DeltaTable, "transaction_version", lambda self, app: asked.append(app) or replay(self, app)
-    )
+    asked = _count_replays(monkeypatch)
     for i in range(APP_VERSION_CATCH_UP + 1):
         _foreign_txn(uri, "someone-else", i)
     _foreign_txn(uri, SINK, 9)

@@ -19,36 +19,9 @@ def _txn(version):
     return CommitProperties(app_transactions=[Transaction(app_id=SINK, version=version)])
 
 
-@pytest.fixture(scope="module")
-def s3():
-    boto3 = pytest.importorskip("boto3")
-    server_mod = pytest.importorskip("moto.server")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
-    client.create_bucket(Bucket="restore")
-    options = {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ALLOW_HTTP": "true",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-    }
-    yield client, options
-    server.stop()
-
-
 def _keys(client, prefix):
     out = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket="restore", Prefix=prefix):
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket="cost", Prefix=prefix):
         out += [o["Key"] for o in page.get("Contents", [])]
     return out
 
@@ -65,21 +38,21 @@ def test_a_table_put_back_to_an_older_copy_is_not_served_from_the_cache(tmp_path
             shutil.rmtree(uri)
             shutil.copytree(str(tmp_path / "bak"), uri)
     else:
-        client, options = s3
-        uri = f"s3://restore/{tmp_path.name}"
+        client, options = s3.client, s3.options
+        uri = f"s3://cost/{tmp_path.name}"
 
         def backup():
             for k in _keys(client, tmp_path.name + "/"):
                 client.copy_object(
-                    Bucket="restore", Key="bak/" + k, CopySource={"Bucket": "restore", "Key": k}
+                    Bucket="cost", Key="bak/" + k, CopySource={"Bucket": "cost", "Key": k}
                 )
 
         def restore():
             for k in _keys(client, tmp_path.name + "/"):
-                client.delete_object(Bucket="restore", Key=k)
+                client.delete_object(Bucket="cost", Key=k)
             for k in _keys(client, "bak/" + tmp_path.name + "/"):
                 client.copy_object(
-                    Bucket="restore", Key=k[4:], CopySource={"Bucket": "restore", "Key": k}
+                    Bucket="cost", Key=k[4:], CopySource={"Bucket": "cost", "Key": k}
                 )
 
     for b in range(3):  # batches 0..2 of our sink: versions 0..2
