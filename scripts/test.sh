@@ -9,6 +9,7 @@ bash scripts/setup.sh --servers || exit 1
 export PYSPARK_PYTHON="$PWD/.venv/bin/python" PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
 export SPARK_LOCAL_IP=127.0.0.1
 .venv/bin/ruff check pyspark_txn tests benchmarks notebooks || exit 1
+.venv/bin/ruff format --check pyspark_txn tests benchmarks notebooks || exit 1
 .venv/bin/mypy || exit 1  # the package's types (config in pyproject.toml)
 # Every test but those marked slow (the long crash matrices and repeated kill -9 soaks,
 # ~10 min more): CI runs this bounded set. SLOW=1 runs them too.
