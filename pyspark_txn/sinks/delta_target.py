@@ -46,7 +46,7 @@ from .staging import (
     parse_snapshot_dir,
     snapshot_dir,
 )
-from .target import Target, TargetTerms
+from .target import RESTORE_THE_TABLE, Target, TargetTerms, held_batches
 
 log = logging.getLogger(__name__)
 
@@ -532,16 +532,17 @@ class DeltaTarget(Target):
         elif dt.version() < int(base):
             now = f"it is at version {dt.version()} now: re-created or restored"
         elif base_batch is not None and (held is None or held < int(base_batch)):
-            holds = "no batch of this sink" if held is None else f"batches only up to {held}"
-            now = f"it holds {holds}, where it held batch {base_batch}: re-created or restored"
+            now = (
+                f"it holds {held_batches(held)}, where it held batch {base_batch}: re-created "
+                "or restored"
+            )
         else:
             return
         raise TargetGoneError(
             f"sink {self.sink_id!r}: the Delta table at {self.uri} was at version {base} "
             f"when the record of batch {record.batch_id} (snapshot {record.snapshot_id}) was "
             f"written, and {now}. Phase 2 did not write: the batches before it would be "
-            "missing from the table. Restore the table where it was (with its _delta_log), "
-            "or start over with a new checkpoint"
+            f"missing from the table. {RESTORE_THE_TABLE}"
         )
 
     def commit_batch(

@@ -145,11 +145,23 @@ def target_lost(state: SinkState, target: Target, committed: int | None) -> str 
     proven = proven_batch(state)
     if proven is None or (committed is not None and committed >= proven):
         return None
-    holds = "no batch of this sink" if committed is None else f"batches only up to {committed}"
     return (
         f"{target.location()} no longer holds this sink's batches up to {proven} (it holds "
-        f"{holds}): it was deleted or replaced (re-created, or restored to an older version)"
+        f"{held_batches(committed)}): it was deleted or replaced (re-created, or restored to "
+        "an older version)"
     )
+
+
+def held_batches(committed: int | None) -> str:
+    """What a target holds of this sink, for messages about a lost target."""
+    return "no batch of this sink" if committed is None else f"batches only up to {committed}"
+
+
+#: What to do about a target that lost batches the record table says it had.
+RESTORE_THE_TABLE = (
+    "Restore the table where it was (with its history: the _delta_log), or start over "
+    "with a new checkpoint (a new query reads its source from the start)"
+)
 
 
 def lost_batches(state: SinkState) -> str:
@@ -186,7 +198,23 @@ def target_gone_error(
     return TargetGoneError(
         f"sink {sink_id!r}: {lost}. This sink's record table says {lost_batches(state)}; "
         "writing on would leave those batches out of the table, and Spark would not serve "
-        "them again. Nothing was written. Restore the table where it was (with its "
-        "history: the _delta_log), or start over with a new checkpoint (a new query "
-        "reads its source from the start)"
+        f"them again. Nothing was written. {RESTORE_THE_TABLE}"
+    )
+
+
+def lost_pending_error(
+    sink_id: str, target: Target, pending: Sequence[SnapshotRecord], committed: int | None
+) -> TargetGoneError | None:
+    """The error for a target that holds less than the pending records a commit has just
+    confirmed (None: it holds them). Their phase 2 landed (this process saw it, or
+    wrote it just now), and nothing proves it yet but the table: one deleted,
+    re-created or put back to an older copy since then holds less, and confirming
+    would leave those batches out for good."""
+    wrote = [rec.batch_id for rec in pending if rec.txns]
+    if not wrote or (committed is not None and committed >= max(wrote)):
+        return None
+    return TargetGoneError(
+        f"sink {sink_id!r}: batch {max(wrote)} was committed to {target.location()}, which "
+        f"now holds {held_batches(committed)}: it was deleted or replaced (re-created, or "
+        f"restored to an older copy) since. Nothing was written. {RESTORE_THE_TABLE}"
     )

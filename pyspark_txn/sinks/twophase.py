@@ -56,6 +56,7 @@ from .target import (  # noqa: F401 (re-exported: callers import them from here)
     abandon_lost_refusal,
     last_committed_batch,
     lost_batches,
+    lost_pending_error,
     proven_batch,
     target_gone_error,
     target_lost,
@@ -356,7 +357,9 @@ class TwoPhaseCommitter:
             state, confirms[rec.snapshot_id] = self._phase2(state, rec, confirm=False)
         committed = self.target.committed_batch(self.sink_id)
         self._refuse_lost_target(state, committed)
-        self._refuse_lost_pending(pending, committed)
+        lost_pending = lost_pending_error(self.sink_id, self.target, pending, committed)
+        if lost_pending is not None:
+            raise lost_pending
         if committed is not None and committed >= batch_id:
             raise CheckpointMismatchError(
                 f"sink {self.sink_id!r}: the target already holds batch {committed} but the "
@@ -497,25 +500,6 @@ class TwoPhaseCommitter:
         error = target_gone_error(self.sink_id, state, self.target, committed)
         if error is not None:
             raise error
-
-    def _refuse_lost_pending(
-        self, pending: Sequence[SnapshotRecord], committed: int | None
-    ) -> None:
-        """The records just confirmed must be in the target: their phase 2 landed (this
-        process saw it, or wrote it just now), and nothing proves it yet but the table.
-        A table deleted, re-created or put back to an older copy since then holds less;
-        confirming would leave those batches out for good."""
-        wrote = [rec.batch_id for rec in pending if rec.txns]
-        if not wrote or (committed is not None and committed >= max(wrote)):
-            return
-        holds = "no batch of this sink" if committed is None else f"batches only up to {committed}"
-        raise TargetGoneError(
-            f"sink {self.sink_id!r}: batch {max(wrote)} was committed to "
-            f"{self.target.location()}, which now holds {holds}: it was deleted or replaced "
-            "(re-created, or restored to an older copy) since. Nothing was written. Restore "
-            "the table where it was (with its history: the _delta_log), or start over with "
-            "a new checkpoint (a new query reads its source from the start)"
-        )
 
     def _check_target_matches(self, state: SinkState) -> None:
         committed = self.target.committed_batch(self.sink_id)
