@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import SourceError
 from ..storage import fs as _fs
+from ..storage.delta_tables import read_commit
 
 # Reader features whose semantics this source implements (anything else is refused by name).
 SUPPORTED_READER_FEATURES = frozenset(
@@ -84,15 +85,14 @@ def _mapping_mode(configuration: Mapping[str, Any], protocol: _Protocol) -> str:
 
 
 def _read_commit(fs, root: str, version: int, uri: str) -> list[dict]:
-    path = _fs.join(root, "_delta_log", f"{version:020d}.json")
-    if not fs.exists(path):
+    try:
+        return read_commit(fs, root, version)
+    except FileNotFoundError:
         raise SourceError(
             f"txn-delta source: commit {version} of {uri} is no longer in the Delta "
             "log (log retention cleaned it up): those offsets cannot be replayed. Restart from "
             "a snapshot (startingVersion=snapshot with a new checkpoint)."
-        )
-    with fs.open(path, "r", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        ) from None
 
 
 _CHECKPOINT = re.compile(

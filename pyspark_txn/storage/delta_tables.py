@@ -99,7 +99,7 @@ def _listed_commits(
     markers: dict[int, Marker] = {}
     for meta in listed:
         name = str(meta["path"]).rsplit("/", 1)[-1]
-        stem, dot, ext = name.partition(".")
+        stem, _, ext = name.partition(".")
         if ext == "json" and len(stem) == 20 and stem.isdigit():
             v = int(stem)
             markers[v] = (v, int(meta["size"]), _tag(meta.get("e_tag"), meta["last_modified"]))
@@ -155,12 +155,22 @@ def _has_commit(uri: str, version: int) -> bool:
     return os.path.exists(os.path.join(uri, "_delta_log", f"{version:020d}.json"))
 
 
+def _key(uri: str, options: Mapping[str, str] | None) -> tuple:
+    """This thread's cache key of a table: its URI and storage options."""
+    return (uri, tuple(sorted((options or {}).items())))
+
+
+def _tables() -> dict:
+    """This thread's cached tables: key -> (table, marker, read at, base version)."""
+    return _LOCAL.__dict__.setdefault("tables", {})
+
+
 def _store(uri: str, options: Mapping[str, str] | None):
     """delta-rs's object store for the table root, kept per thread (it holds a client)."""
     from deltalake.fs import DeltaStorageHandler
 
     stores: dict = _LOCAL.__dict__.setdefault("stores", {})
-    key = (uri, tuple(sorted((options or {}).items())))
+    key = _key(uri, options)
     store = stores.get(key)
     if store is None:
         store = stores[key] = DeltaStorageHandler(uri, dict(options or {}) or None)
@@ -200,8 +210,8 @@ def open_table(
     from deltalake.exceptions import TableNotFoundError
 
     options = dict(storage_options or {}) or None
-    cache: dict = _LOCAL.__dict__.setdefault("tables", {})
-    key = (uri, tuple(sorted((options or {}).items())))
+    cache = _tables()
+    key = _key(uri, options)
     checked: set | None = getattr(_LOCAL, "checked", None)
     entry = cache.get(key)
     if entry is not None and not (refresh or for_write) and checked is not None and key in checked:
@@ -267,29 +277,39 @@ def open_table(
     return dt
 
 
+def read_commit(fs: Any, root: str, version: int) -> list[dict[str, Any]]:
+    """The actions of commit ``version`` of the table at ``root`` in ``fs``: one GET.
+    ``FileNotFoundError`` if the log does not hold it (cleaned up, or never written)."""
+    import json
+
+    path = _fs.join(root, "_delta_log", f"{version:020d}.json")
+    try:
+        raw = fs.cat_file(path)
+    except Exception as e:
+        if _fs.is_not_found(e):
+            raise FileNotFoundError(path) from None
+        raise
+    return [json.loads(line) for line in raw.splitlines() if line.strip()]
+
+
 def read_commit_actions(
     uri: str, version: int, options: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]] | None:
     """The actions of one commit file, one GET; None if it cannot be read (gone,
     unreachable, a store obstore lacks): callers then ask delta-rs."""
-    import json
-
-    name = f"_delta_log/{version:020d}.json"
     try:
         if _fs.is_local(uri):
-            with open(os.path.join(uri, name), "rb") as f:
-                raw = f.read()
-        else:
-            from .options import object_store_fs
+            import fsspec
 
-            found = object_store_fs(uri, options)
-            if found is None:
-                return None
-            fs, root = found
-            raw = fs.cat_file(f"{root}/{name}")
-        return [json.loads(line) for line in raw.splitlines() if line.strip()]
+            return read_commit(fsspec.filesystem("file"), uri, version)
+        from .options import object_store_fs
+
+        found = object_store_fs(uri, options)
+        if found is None:
+            return None
+        return read_commit(*found, version)
     except Exception:  # missing, unreachable, not JSON: delta-rs decides and says why
-        log.debug("reading %s/%s failed", uri, name, exc_info=True)
+        log.debug("reading commit %d of %s failed", version, uri, exc_info=True)
         return None
 
 
@@ -298,8 +318,8 @@ def note_own_commit(uri: str, storage_options: Mapping[str, str] | None, dt: Any
     it): the cache's marker becomes that commit's file, as read now (a LIST or a
     ``stat``), so that later checks compare against our own file."""
     options = dict(storage_options or {}) or None
-    cache: dict = _LOCAL.__dict__.setdefault("tables", {})
-    key = (uri, tuple(sorted((options or {}).items())))
+    cache = _tables()
+    key = _key(uri, options)
     entry = cache.get(key)
     if entry is None or entry[0] is not dt:
         return
@@ -310,5 +330,4 @@ def note_own_commit(uri: str, storage_options: Mapping[str, str] | None, dt: Any
 def forget_table(uri: str, storage_options: Mapping[str, str] | None = None) -> None:
     """Drop this thread's cached table: the next open reads the log from scratch (from
     the latest checkpoint: call it after writing one)."""
-    cache: dict = _LOCAL.__dict__.setdefault("tables", {})
-    cache.pop((uri, tuple(sorted(dict(storage_options or {}).items()))), None)
+    _tables().pop(_key(uri, storage_options), None)

@@ -151,13 +151,26 @@ def read_tail(fs: Any, path: str, nbytes: int) -> tuple[int, bytes]:
     construct = getattr(fs, "_construct_store", None)
     if protocol in _SUFFIX_GET and construct is not None:
         import obstore
-        from obstore.exceptions import NotFoundError
 
         bucket, key = fs._split_path(path)
         try:
             got = obstore.get(construct(bucket), key, options={"range": {"suffix": nbytes}})
-        except NotFoundError:
-            raise FileNotFoundError(path) from None
+        except Exception as e:
+            if is_not_found(e):
+                raise FileNotFoundError(path) from None
+            raise
         return int(got.meta["size"]), bytes(got.bytes())
     size = int(fs.info(path)["size"])
     return size, (fs.cat_file(path, start=max(0, size - nbytes), end=size) if size else b"")
+
+
+def is_not_found(error: BaseException) -> bool:
+    """Whether ``error`` says there is no such file: obstore's ``NotFoundError`` (what
+    its fsspec store's ``cat_file`` raises) is not a ``FileNotFoundError``."""
+    if isinstance(error, FileNotFoundError):
+        return True
+    try:
+        from obstore.exceptions import NotFoundError
+    except ImportError:  # an install without the object-store extra
+        return False
+    return isinstance(error, NotFoundError)
