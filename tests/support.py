@@ -156,3 +156,19 @@ def wait_for_port(proc: subprocess.Popen, port: int, what: str, timeout_s: float
                 stop_process(proc)
                 raise RuntimeError(f"{what} did not start") from None
             time.sleep(0.1)
+
+
+def at_fault_point(monkeypatch, point: str, batch: int, action) -> None:
+    """Run ``action()`` once, when the protocol reaches fault point ``point`` of ``batch``
+    (something another process does at that moment), then go on."""
+    from pyspark_txn import faults
+
+    hit = faults.FaultPlan.hit
+    pending = [action]
+
+    def at_point(self, where, batch_id=None, **kw):
+        if where == point and batch_id == batch and pending:
+            pending.pop()()
+        return hit(self, where, batch_id, **kw)
+
+    monkeypatch.setattr(faults.FaultPlan, "hit", at_point)

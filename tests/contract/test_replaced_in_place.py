@@ -5,6 +5,7 @@ between a record and its phase 2 the new id check refuses the batch, at every re
 
 import pytest
 from deltalake import DeltaTable
+from support import at_fault_point
 
 from pyspark_txn.errors import TargetGoneError
 
@@ -33,25 +34,15 @@ def test_replaced_in_place_between_batches_goes_on(tmp_path):
 def test_replaced_in_place_during_a_commit_step_is_not_refused(tmp_path, monkeypatch, point):
     from test_admin import SinkDriver
 
-    from pyspark_txn import faults
-
     sink = SinkDriver(tmp_path)
     sink.batch(0, [0, 1])
     sink.batch(1, [2, 3])
-    hit = faults.FaultPlan.hit
-
-    def replace(self, where, batch=None, **kw):
-        if where == point and batch == 2:
-            _replace(sink.target)
-        return hit(self, where, batch, **kw)
-
-    monkeypatch.setattr(faults.FaultPlan, "hit", replace)
+    at_fault_point(monkeypatch, point, 2, lambda: _replace(sink.target))
     errors = []
     try:
         sink.batch(2, [4, 5])
     except TargetGoneError as e:
         errors.append(str(e))
-    monkeypatch.setattr(faults.FaultPlan, "hit", hit)
     for b in (3, 4):  # a restart: the pending record's phase 2 again
         try:
             sink.batch(b, [2 * b, 2 * b + 1], run_id=f"run-{b}")

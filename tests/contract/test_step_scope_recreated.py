@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from deltalake import DeltaTable
-from support import allocated_event
+from support import allocated_event, at_fault_point
 
 from pyspark_txn.state import AppendRejected, DeltaEventLog
 from pyspark_txn.storage import delta_tables
@@ -62,21 +62,16 @@ def test_a_commit_step_does_not_record_into_a_record_table_recreated_during_it(
     gap-free" instead of the record-table-replaced refusal)."""
     from test_admin import SinkDriver
 
-    from pyspark_txn import faults
-
     sink = SinkDriver(tmp_path)
     sink.batch(0, [0, 1])
     sink.batch(1, [2, 3])
     records = sink.opts.record_table
-    hit = faults.FaultPlan.hit
 
-    def recreate_before_record(self, point, batch=None, **kw):
-        if point == "before_record" and batch == 2:
-            shutil.rmtree(records)
-            _recreate_elsewhere(records, 30)
-        return hit(self, point, batch, **kw)
+    def recreate():
+        shutil.rmtree(records)
+        _recreate_elsewhere(records, 30)
 
-    monkeypatch.setattr(faults.FaultPlan, "hit", recreate_before_record)
+    at_fault_point(monkeypatch, "before_record", 2, recreate)
     with contextlib.suppress(Exception), _scope():
         sink.batch(2, [4, 5])
     assert DeltaTable(records).transaction_version(sink.sink_id) is None, (

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 from deltalake import DeltaTable
+from support import at_fault_point
 
 from pyspark_txn.errors import TargetGoneError
 
@@ -16,19 +17,10 @@ from pyspark_txn.errors import TargetGoneError
 def test_a_target_deleted_during_a_commit_step_is_not_started_anew(tmp_path, monkeypatch, point):
     from test_admin import SinkDriver
 
-    from pyspark_txn import faults
-
     sink = SinkDriver(tmp_path)
     sink.batch(0, [0, 1])
     sink.batch(1, [2, 3])
-    hit = faults.FaultPlan.hit
-
-    def delete_table(self, where, batch=None, **kw):
-        if where == point and batch == 2:
-            shutil.rmtree(sink.target)
-        return hit(self, where, batch, **kw)
-
-    monkeypatch.setattr(faults.FaultPlan, "hit", delete_table)
+    at_fault_point(monkeypatch, point, 2, lambda: shutil.rmtree(sink.target))
     try:
         sink.batch(2, [4, 5])
     except TargetGoneError:
@@ -51,25 +43,20 @@ def test_a_target_recreated_during_a_commit_step_gets_no_phase_two(tmp_path, mon
     from deltalake import write_deltalake
     from test_admin import SCHEMA, SinkDriver
 
-    from pyspark_txn import faults
-
     sink = SinkDriver(tmp_path)
     sink.batch(0, [0, 1])
     sink.batch(1, [2, 3])
-    hit = faults.FaultPlan.hit
 
-    def recreate(self, where, batch=None, **kw):
-        if where == "after_record" and batch == 2:
-            shutil.rmtree(sink.target)
-            for i in range(commits):
-                write_deltalake(
-                    sink.target,
-                    pa.table({"id": pa.array([100 + i], pa.int64()), "v": ["x"]}, schema=SCHEMA),
-                    mode="append",
-                )
-        return hit(self, where, batch, **kw)
+    def recreate():
+        shutil.rmtree(sink.target)
+        for i in range(commits):
+            write_deltalake(
+                sink.target,
+                pa.table({"id": pa.array([100 + i], pa.int64()), "v": ["x"]}, schema=SCHEMA),
+                mode="append",
+            )
 
-    monkeypatch.setattr(faults.FaultPlan, "hit", recreate)
+    at_fault_point(monkeypatch, "after_record", 2, recreate)
     try:
         sink.batch(2, [4, 5])
     except TargetGoneError:
