@@ -59,7 +59,7 @@ def main() -> None:
                 "arrow_schema": schema_to_b64(SCHEMA),
                 "partition_by": [],
                 "merge_schema": False,
-                "base_version": committer.target.base_version(),
+                **committer.target.base(),
             },
         )
     files = [f for f in DeltaTable(opts.path).file_uris()]

@@ -95,7 +95,7 @@ def main() -> None:
             run_id="bench-run",
             source_offsets=[{"offset": b}],
             query_id="bench-query",
-            target_meta={**meta, "base_version": committer.target.base_version()},
+            target_meta={**meta, **committer.target.base()},
         )
         if profiler:
             profiler.disable()

@@ -418,15 +418,11 @@ class DeltaTarget(Target):
 
     # --- before the record ------------------------------------------------------------
 
-    def base_version(self) -> int | None:
-        """The target's version now: phase 2's commit will be above it."""
-        dt = self.open(refresh=False)  # older is fine: a lower bound
-        return None if dt is None else dt.version()
-
     def base(self) -> dict[str, Any]:
         """The table a record is made against (kept in the record's target meta): its
-        version now and the sink's batch in it (lower bounds both). Phase 2 refuses a
-        table below either: deleted, re-created, or put back to an older copy."""
+        version now and the sink's batch in it (lower bounds both: an older copy is fine;
+        phase 2's commit will be above them). Phase 2 refuses a table below either:
+        deleted, re-created, or put back to an older copy."""
         dt = self.open(refresh=False)
         if dt is None:
             return {"base_version": None}

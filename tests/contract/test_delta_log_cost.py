@@ -40,7 +40,7 @@ def _commit_batches(staging, target, batches, mode):
         tok = new_token()
         batch = pa.record_batch([pa.array([b], pa.int64())], schema=SCHEMA)
         txns = stage_partition([batch], staging, b, tok, 0, SCHEMA)
-        meta = {"arrow_schema": schema_to_b64(SCHEMA), "base_version": target.base_version()}
+        meta = {"arrow_schema": schema_to_b64(SCHEMA), **target.base()}
         if mode == "light":
             target.commit_batch(b, txns, None, meta)
             continue

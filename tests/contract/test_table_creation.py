@@ -109,7 +109,7 @@ _RACER = textwrap.dedent(
     from test_table_creation import _stage
     handles, meta, _ = _stage(d, range(offset, offset + 50))
     committer = d.committer()
-    meta["base_version"] = committer.target.base_version()  # None: no table yet
+    meta.update(committer.target.base())  # base_version None: no table yet
     from pyspark_txn.sinks.delta_target import DeltaTarget
     write = DeltaTarget._write_commit
     def at_once(self, dt, *a):  # both saw no table; both write their commit now

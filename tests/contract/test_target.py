@@ -81,8 +81,8 @@ class Stager:
 
     def meta(self):
         """The target metadata a sink records with each batch."""
-        base = self.target.base_version() if self.kind == "delta" else None
-        return {"arrow_schema": schema_to_b64(SCHEMA), "base_version": base}
+        base = self.target.base() if self.kind == "delta" else {"base_version": None}
+        return {"arrow_schema": schema_to_b64(SCHEMA), **base}
 
     def record(self, sid, token, batch, txns, **kw):
         return SnapshotRecord(
@@ -292,10 +292,8 @@ def test_late_files_in_a_recorded_attempt_go_at_the_next_batch(tmp_path):
     def batch(b, ids):
         sid, tok = committer.allocate()
         txns = stage(sid, tok, ids)
-        base = committer.target.base_version()
-        committer.commit(
-            b, sid, tok, txns, run_id="r", query_id="q", target_meta={**meta, "base_version": base}
-        )
+        base = committer.target.base()
+        committer.commit(b, sid, tok, txns, run_id="r", query_id="q", target_meta={**meta, **base})
         return sid, tok
 
     def files():
@@ -498,10 +496,8 @@ def test_the_staging_area_keeps_only_recent_attempts(tmp_path):
         txns = stage_partition(
             [pa.record_batch(arrays, schema=SCHEMA)], opts.staging(), sid, tok, 0, SCHEMA
         )
-        base = committer.target.base_version()
-        committer.commit(
-            b, sid, tok, txns, run_id="r", query_id="q", target_meta={**meta, "base_version": base}
-        )
+        base = committer.target.base()
+        committer.commit(b, sid, tok, txns, run_id="r", query_id="q", target_meta={**meta, **base})
     attempts = committer.target.staged_attempts()
     assert 0 < len(attempts) <= 2 * 32 + 1
     assert min(sid for sid, _ in attempts) >= 80 - 2 * 32 - 1
@@ -531,10 +527,8 @@ def test_a_created_table_is_nullable_like_sparks_and_empty_partition_strings_are
         txns = stage_partition(
             [pa.record_batch(arrays, schema=strict)], opts.staging(), sid, tok, 0, strict
         )
-        base = committer.target.base_version()
-        committer.commit(
-            b, sid, tok, txns, run_id="r", query_id="q", target_meta={**meta, "base_version": base}
-        )
+        base = committer.target.base()
+        committer.commit(b, sid, tok, txns, run_id="r", query_id="q", target_meta={**meta, **base})
     table = DeltaTable(uri)
     assert all(f.nullable for f in table.schema().to_arrow())
     rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])

@@ -55,7 +55,7 @@ def main() -> None:
             target_meta={
                 **meta,
                 "merge_schema": False,
-                "base_version": committer.target.base_version(),
+                **committer.target.base(),
             },
         )
     print(json.dumps({"done": warmup + batches}), flush=True)
