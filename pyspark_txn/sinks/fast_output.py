@@ -108,9 +108,7 @@ def collect_spark_output(
     if other:
         log.debug("removing Spark's files that are no data files: %s", other)
         fs.rm(other)  # (files only: find lists no folders)
-        temporary = _fs.join(out, "_temporary")
-        if fs.exists(temporary):
-            fs.rm(temporary, recursive=True)
+        _fs.remove_tree(fs, _fs.join(out, "_temporary"))
     top = root.rstrip("/") + "/"
     moves = [
         _Move(p[len(top) :] if p.startswith(top) else p, values, _spark_partition(p))
@@ -130,8 +128,7 @@ def collect_spark_output(
         fs.rm([_fs.join(root, h.handle) for h in empty])
     handles = [h for h in handles if h.rows > 0]
     if not handles:
-        if fs.exists(out):
-            fs.rm(out, recursive=True)
+        _fs.remove_tree(fs, out)
         return []
     if local:
         fsync_folders(root, {os.path.dirname(h.handle) for h in handles})

@@ -13,11 +13,11 @@ from . import fs as _fs
 def read_query_id(checkpoint: str, fs_options=None) -> str | None:
     """The streaming query id Spark keeps in ``<checkpoint>/metadata``; None if absent."""
     fs, root = _fs.filesystem(checkpoint, fs_options)
-    path = _fs.join(root, "metadata")
-    if not fs.exists(path):
+    try:
+        text = _fs.read_text(fs, _fs.join(root, "metadata"))
+    except FileNotFoundError:
         return None
-    with fs.open(path, "r") as f:
-        first = f.readline()
+    first = text.split("\n", 1)[0]
     return json.loads(first).get("id") if first.strip() else None
 
 
@@ -28,11 +28,10 @@ def read_batch_offsets(checkpoint: str, batch_id: int, fs_options=None) -> list[
     (``-`` for a source with no offset). None if Spark has no such file.
     """
     fs, root = _fs.filesystem(checkpoint, fs_options)
-    path = _fs.join(root, "offsets", str(batch_id))
-    if not fs.exists(path):
+    try:
+        lines = _fs.read_text(fs, _fs.join(root, "offsets", str(batch_id))).splitlines()
+    except FileNotFoundError:
         return None
-    with fs.open(path, "r") as f:
-        lines = f.read().splitlines()
     out: list[Any] = []
     for line in lines[2:]:
         if line == "-":
@@ -68,11 +67,10 @@ def default_record_table(checkpoint: str) -> str:
 def read_sink_file(checkpoint: str, fs_options=None) -> dict[str, Any] | None:
     """What ``<checkpoint>/pyspark_txn/sink.json`` keeps (sink id, record table), or None."""
     fs, root = _fs.filesystem(checkpoint, fs_options)
-    path = _fs.join(root, *SINK_FILE)
-    if not fs.exists(path):
+    try:
+        return json.loads(_fs.read_text(fs, _fs.join(root, *SINK_FILE)))
+    except FileNotFoundError:
         return None
-    with fs.open(path, "r") as f:
-        return json.load(f)
 
 
 def persisted_sink_id(

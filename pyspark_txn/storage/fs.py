@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
-from collections.abc import Mapping
+import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 _LOCAL_PREFIXES = ("file://", "file:")
@@ -174,3 +177,165 @@ def is_not_found(error: BaseException) -> bool:
     except ImportError:  # an install without the object-store extra
         return False
     return isinstance(error, NotFoundError)
+
+
+# --- small objects, whole: one way on every store -----------------------------------
+#
+# obstore's fsspec ``cat(path)`` answers ``{path: bytes}`` (a new-user trial: restore
+# crashed on ``.decode()``), a recursive ``rm`` on Azure bulk-deletes folder names and
+# stops at the 404 (files left behind), and a plain PUT is no "create if absent". These
+# four are what the package uses instead.
+
+
+def _is_local_fs(fs: Any) -> bool:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return isinstance(fs, LocalFileSystem)
+
+
+def _object_store(fs: Any) -> Any | None:
+    """``fs._construct_store`` where ``fs`` is obstore's fsspec store, else None."""
+    if not type(fs).__module__.startswith("obstore"):
+        return None
+    return getattr(fs, "_construct_store", None)
+
+
+def read_bytes(fs: Any, path: str) -> bytes:
+    """The whole of the small object ``path`` (never ``fs.cat``, which obstore answers
+    with a dict). ``FileNotFoundError`` when there is none, on every store (a local path
+    through a file, ``NotADirectoryError``, is none too: ``fs.exists`` says False)."""
+    try:
+        return bytes(fs.cat_file(path))
+    except Exception as e:
+        if is_not_found(e) or isinstance(e, NotADirectoryError):
+            raise FileNotFoundError(errno.ENOENT, "no such file", path) from None
+        raise
+
+
+def read_text(fs: Any, path: str) -> str:
+    """:func:`read_bytes` decoded as UTF-8."""
+    return read_bytes(fs, path).decode("utf-8")
+
+
+#: Keys per bulk delete (S3's DeleteObjects takes 1000; obstore splits for Azure's 256).
+_DELETE_CHUNK = 1000
+
+
+def remove_tree(fs: Any, path: str) -> None:
+    """Remove every file under ``path`` (or ``path`` itself, a file), then the folders
+    this left empty on a local disk. Files only, by listing: object stores have no
+    folders, and Azure answers a delete of a folder name with 404, which a recursive
+    ``fs.rm`` stopped at, leaving files behind. Idempotent: nothing there, or a file
+    gone meanwhile (another removal of the same tree), is no error."""
+    try:
+        files = list(fs.find(path))
+    except Exception as e:
+        if not is_not_found(e):
+            raise
+        files = []
+    _delete_files(fs, files)
+    if _is_local_fs(fs) and os.path.isdir(path):
+        for folder, _dirs, _names in os.walk(path, topdown=False):
+            with contextlib.suppress(OSError):  # not empty (written meanwhile) or gone
+                os.rmdir(folder)
+
+
+def _delete_files(fs: Any, paths: Sequence[str]) -> None:
+    """Delete ``paths`` (files), in bulk where the store has it; not found is fine."""
+    construct = _object_store(fs)
+    if construct is None:
+        for path in paths:
+            try:
+                fs.rm_file(path)
+            except Exception as e:
+                if not is_not_found(e):
+                    raise
+        return
+    import obstore
+
+    by_bucket: dict[str, list[str]] = {}
+    for path in paths:
+        bucket, key = fs._split_path(path)
+        by_bucket.setdefault(bucket, []).append(key)
+    for bucket, keys in by_bucket.items():
+        store = construct(bucket)
+        for i in range(0, len(keys), _DELETE_CHUNK):
+            chunk = keys[i : i + _DELETE_CHUNK]
+            try:
+                obstore.delete(store, chunk)
+            except Exception as e:
+                if not is_not_found(e):
+                    raise
+                # Azure's batch fails on a key already gone: the rest one by one
+                for key in chunk:
+                    try:
+                        obstore.delete(store, key)
+                    except Exception as e2:
+                        if not is_not_found(e2):
+                            raise
+
+
+def write_new(fs: Any, path: str, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` only if nothing is there: True when this call
+    created it, False when something already was (its content is left as it is).
+
+    Exclusive on a local disk (a hard link of a complete temporary file, so no reader
+    ever sees it half written; ``O_EXCL`` where hard links are refused) and on obstore's
+    stores (S3, Azure, GCS: a conditional PUT, ``mode="create"``). On another fsspec
+    filesystem it is NOT exclusive: a check, a write and a read-back, which two writers
+    can both pass. A PUT whose response was lost and whose retry then found its own
+    object answers False: put something unique in ``data`` and read it back where that
+    matters."""
+    construct = _object_store(fs)
+    if construct is not None:
+        import obstore
+        from obstore.exceptions import AlreadyExistsError
+
+        bucket, key = fs._split_path(path)
+        try:
+            obstore.put(construct(bucket), key, data, mode="create")
+        except AlreadyExistsError:
+            return False
+        return True
+    if _is_local_fs(fs):
+        return _write_new_local(path, data)
+    if fs.exists(path):
+        return False
+    fs.pipe_file(path, data)
+    return read_bytes(fs, path) == data
+
+
+def _write_new_local(path: str, data: bytes) -> bool:
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    if os.path.lexists(path):
+        return False
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError:  # a filesystem without hard links: exclusive create, then write
+        return _write_new_excl(path, data)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    fsync_dir(folder)
+    return True
+
+
+def _write_new_excl(path: str, data: bytes) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(os.path.dirname(path) or ".")
+    return True

@@ -195,8 +195,11 @@ def _canonical(key: str) -> tuple[str, str | None, bool] | None:
 
 
 def _all_names() -> list[str]:
+    """Every key a user may write: the client keys with each store's prefix too, so
+    ``AWS_ALOW_HTTP`` is taken for ``AWS_ALLOW_HTTP``, not ``ALLOW_HTTP``."""
     names = [*_S3_KEYS, *_AZURE_KEYS, *_GCS_KEYS, *_DELTA_ONLY, *_CLIENT_KEYS]
     names += [*_S3_ALIASES, *_AZURE_ALIASES, *_GCS_ALIASES]
+    names += [prefix + key for prefix in _STORES.values() for key in _CLIENT_KEYS]
     return names
 
 
@@ -467,9 +470,10 @@ def _new_obstore_fs(
     except BaseException as e:  # obstore's pyo3 PanicException is a BaseException
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        raise ConfigError(
-            f"storage options for {uri}: the object store client refused them: {e}"
-        ) from None
+        problem = describe_store_error(e, uri) if isinstance(e, Exception) else None
+        if problem is None or problem.startswith("the store failed"):
+            problem = f"the object store client refused them: {_one_line(e)}"
+        raise ConfigError(f"storage options for {uri}: {problem}") from None
     return fs
 
 
@@ -546,6 +550,38 @@ def filesystem(
     ).filesystem(uri)
 
 
+#: What each store's hints name: its http switch, its credential keys, its endpoint key.
+_STORE_HINT_KEYS: dict[str | None, dict[str, str]] = {
+    "s3": {
+        "allow_http": "set AWS_ALLOW_HTTP=true (or allow_http=true)",
+        "credentials": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, plus AWS_SESSION_TOKEN "
+        "for temporary ones",
+        "endpoint": "AWS_ENDPOINT_URL",
+    },
+    "azure": {
+        "allow_http": "set AZURE_ALLOW_HTTP=true (or allow_http=true)",
+        "credentials": "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY, "
+        "AZURE_STORAGE_SAS_KEY or AZURE_STORAGE_CLIENT_ID, AZURE_STORAGE_CLIENT_SECRET "
+        "and AZURE_STORAGE_TENANT_ID",
+        "endpoint": "AZURE_STORAGE_ENDPOINT",
+    },
+    "gcs": {
+        "allow_http": "set GOOGLE_ALLOW_HTTP=true (or allow_http=true)",
+        "credentials": "GOOGLE_SERVICE_ACCOUNT (a key file) or GOOGLE_SERVICE_ACCOUNT_KEY "
+        "(the key's JSON)",
+        "endpoint": "the gcs_base_url of the service account file",
+    },
+    None: {
+        "allow_http": "set the store's key to true: AWS_ALLOW_HTTP (S3), AZURE_ALLOW_HTTP "
+        "(Azure) or GOOGLE_ALLOW_HTTP (GCS), or allow_http=true",
+        "credentials": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AZURE_STORAGE_ACCOUNT_NAME "
+        "and AZURE_STORAGE_ACCOUNT_KEY, GOOGLE_SERVICE_ACCOUNT ...",
+        "endpoint": "AWS_ENDPOINT_URL, AZURE_STORAGE_ENDPOINT ...",
+    },
+}
+
+#: (needles, hint): the first hint whose needle is in the error's text (lower case);
+#: ``{allow_http}``, ``{credentials}`` and ``{endpoint}`` are the store's (above).
 _HINTS = (
     (
         (
@@ -558,9 +594,9 @@ _HINTS = (
         "the bucket or container does not exist: create it, or check the URI",
     ),
     (
-        ("url scheme is not allowed",),
-        "the endpoint is plain http:// but http is not allowed: set AWS_ALLOW_HTTP=true "
-        "(or allow_http=true) in storageOptions / --storage-options",
+        ("url scheme is not allowed", "badscheme"),  # delta-rs' text; obstore's
+        "the endpoint is plain http:// but http is not allowed: {allow_http} in "
+        "storageOptions / --storage-options",
     ),
     (
         (
@@ -580,10 +616,11 @@ _HINTS = (
             "169.254.169.254",
             "unauthenticated",
             "no valid",
+            "account must be specified",  # Azure without AZURE_STORAGE_ACCOUNT_NAME
+            "missingaccount",
         ),
         "no usable credentials: give them in storageOptions / --storage-options "
-        "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AZURE_STORAGE_ACCOUNT_KEY, "
-        "GOOGLE_SERVICE_ACCOUNT ...) or in the environment",
+        "({credentials}) or in the environment",
     ),
     (
         ("403", "forbidden", "accessdenied", "access denied", "permission"),
@@ -591,24 +628,56 @@ _HINTS = (
     ),
     (
         ("connect", "connection refused", "dns", "error sending request", "timed out", "timeout"),
-        "the store cannot be reached: check the endpoint (AWS_ENDPOINT_URL, "
-        "AZURE_STORAGE_ENDPOINT ...) and the network",
+        "the store cannot be reached: check the endpoint ({endpoint}) and the network",
     ),
 )
 
+#: How object_store / delta-rs name the store in their errors (first match wins: the
+#: "Generic <store> error" head before what a URL or bucket name might also contain).
+_STORE_IN_TEXT = (
+    ("generic s3 error", "s3"),
+    ("generic microsoftazure error", "azure"),
+    ("generic gcs error", "gcs"),
+    ("gcp credential error", "gcs"),
+    ("imds", "s3"),  # the AWS SDK's credential chain (delta-rs' S3 client)
+    ("amazonaws.com", "s3"),
+    (".windows.net", "azure"),
+    ("storage.azure.com", "azure"),
+    ("googleapis.com", "gcs"),
+)
 
-def describe_store_error(error: BaseException) -> str | None:
+
+def _store_of(low: str, uri: str | None) -> str | None:
+    """Which store (``s3``, ``azure``, ``gcs``) an error is about: the URI's scheme where
+    known, else what the error's text names; None when neither says."""
+    if uri and "://" in uri:
+        store = _SCHEME_STORE.get(uri.split("://", 1)[0].lower())
+        if store is not None:
+            return store
+    return next((store for needle, store in _STORE_IN_TEXT if needle in low), None)
+
+
+def _one_line(error: BaseException) -> str:
+    """``error``'s text on one line: no colour codes, no obstore "Debug source" dump."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).split("Debug source:", 1)[0]
+    text = " ".join(text.replace("↳", "-").split())
+    return text if len(text) <= 600 else text[:597] + "..."
+
+
+def describe_store_error(error: BaseException, uri: str | None = None) -> str | None:
     """One line for an object-store failure (missing credentials, an unreachable endpoint,
-    a denied request), or None if ``error`` is not one. For the CLI: no tracebacks."""
+    a denied request), or None if ``error`` is not one. For the CLI: no tracebacks. The
+    hint names the keys of the store ``uri`` is on, else of the store the error's text
+    names (object_store's "Generic MicrosoftAzure error", ...)."""
     module = type(error).__module__.split(".")[0]
     if not (
         isinstance(error, OSError) or module in ("obstore", "deltalake", "botocore", "aiohttp")
     ):
         return None
-    text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(error)).replace("↳", "-").split())
-    low = text.lower()
-    detail = text if len(text) <= 600 else text[:597] + "..."
+    detail = _one_line(error)
+    low = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(error)).split()).lower()
     for needles, hint in _HINTS:
         if any(n in low for n in needles):
-            return f"{hint} ({type(error).__name__}: {detail})"
+            keys = _STORE_HINT_KEYS[_store_of(low, uri)]
+            return f"{hint.format(**keys)} ({type(error).__name__}: {detail})"
     return f"the store failed: {type(error).__name__}: {detail}"

@@ -32,7 +32,16 @@ from .copy import TableCopy, check_export, copy_table
 from .exports import export
 from .location import STATE_CHOICES
 from .prepare import PreparedQuery, kafka_starting_offsets, prepare_query, source_offsets
-from .registry import CHUNK_BYTES, EXPORT_MARKER, Progress, list_requests, list_snapshots, show
+from .registry import (
+    CHUNK_BYTES,
+    EXPORT_MARKER,
+    Progress,
+    backup_of_part,
+    backup_part_name,
+    list_requests,
+    list_snapshots,
+    show,
+)
 from .requests import (
     ExportCancelled,
     cancel_request,
@@ -42,13 +51,15 @@ from .requests import (
     stop_and_export,
     wait_for_export,
 )
-from .verification import ExportCheck, delete, verify
+from .verification import ExportCheck, delete, verify, verify_entry
 
 __all__ = [
     "CHUNK_BYTES",
     "EXPORT_MARKER",
     "ExportCancelled",
     "ExportCheck",
+    "backup_of_part",
+    "backup_part_name",
     "PreparedQuery",
     "Progress",
     "STATE_CHOICES",
@@ -69,5 +80,6 @@ __all__ = [
     "source_offsets",
     "stop_and_export",
     "verify",
+    "verify_entry",
     "wait_for_export",
 ]

@@ -13,10 +13,15 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import unquote
 
-from ...errors import ConfigError, CorruptSnapshotError
+from ...errors import ConfigError, CorruptSnapshotError, StorageError
 from ...state import SinkState, SnapshotRecord
 from ...storage import fs as _fs
-from ...storage.options import StorageOptions, takes_storage_options
+from ...storage.options import (
+    StorageOptions,
+    current,
+    describe_store_error,
+    takes_storage_options,
+)
 from ..handle import SinkHandle
 from ..state_export import has_state
 from ..verify import byte_progress, crc32_of
@@ -156,6 +161,7 @@ def copy_table(
     """Copy a Delta table as of ``version`` into a new table at ``dest_uri``: the same
     files (checked against the log's sizes), partition values and schema, with
     statistics recomputed from the footers. The new log is written after every file.
+    ``storage_options``: delta-rs options for both tables (default: those in effect).
 
     ``check_owner`` runs before each file and before the log, and raises when the
     destination is no longer this copy's (an export replaced meanwhile stops there
@@ -163,16 +169,22 @@ def copy_table(
     import pyarrow as pa
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
     from deltalake.transaction import AddAction, create_table_with_add_actions
 
     from ...sinks.staging import delta_stats
 
-    options = dict(storage_options or {}) or None
+    options = dict(storage_options or {}) or current().for_delta()
     try:
         source = DeltaTable(source_uri, version=version, storage_options=options)
     except Exception as e:
+        problem = describe_store_error(e) or f"{type(e).__name__}: {e}"
+        if not isinstance(e, TableNotFoundError) and not problem.startswith("the store failed"):
+            # credentials, endpoint, permissions: the table may be intact
+            raise StorageError(f"{source_uri}: {problem}") from None
+        at = "its latest version" if version is None else f"version {version}"
         raise CorruptSnapshotError(
-            f"the table {source_uri} can no longer be read at version {version}: {e}"
+            f"the table {source_uri} cannot be read at {at}: {problem}"
         ) from e
     adds = pa.table(source.get_add_actions(flatten=False)).to_pylist()
     if any(a.get("deletionVector") or a.get("deletion_vector") for a in adds):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Mapping
@@ -97,26 +96,20 @@ def export(
 
 
 def _write_marker(fs: Any, root: str, marker: Mapping[str, Any], uri: str) -> None:
-    """Write the export marker; on a local disk only if no other export wrote one first."""
+    """Write the export marker only if no other export wrote one first, on every store
+    (a create-if-absent: two exports to one location cannot both go ahead)."""
     path = _fs.join(root, EXPORT_MARKER)
-    text = json.dumps(dict(marker))
-    if _fs.is_local(uri):
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            other = _read_marker(fs, root) or {}
-            raise ConfigError(
-                f"--to {uri}: another export ({other.get('name')!r} by "
-                f"{_describe_owner(other.get('owner'))}) started there at the same time; "
-                "choose another location"
-            ) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+    if _fs.write_new(fs, path, json.dumps(dict(marker)).encode()):
         return
-    with fs.open(path, "w") as f:
-        f.write(text)
-    if (_read_marker(fs, root) or {}).get("owner") != marker["owner"]:
-        raise ConfigError(f"--to {uri}: another export started there at the same time")
+    other = _read_marker(fs, root) or {}
+    token = (marker.get("owner") or {}).get("token")
+    if token is not None and (other.get("owner") or {}).get("token") == token:
+        return  # ours: a PUT whose response was lost, and its retry found it
+    raise ConfigError(
+        f"--to {uri}: another export ({other.get('name')!r} by "
+        f"{_describe_owner(other.get('owner'))}) started there at the same time; "
+        "choose another location"
+    )
 
 
 def _still_ours(fs: Any, root: str, token: str) -> bool:

@@ -32,11 +32,10 @@ STATE_CHOICES = ("auto", "include", "skip")
 
 
 def _read_marker(fs: Any, root: str) -> dict[str, Any] | None:
-    path = _fs.join(root, EXPORT_MARKER)
-    if not fs.exists(path):
+    try:
+        text = _fs.read_text(fs, _fs.join(root, EXPORT_MARKER))
+    except FileNotFoundError:
         return None
-    with fs.open(path, "r") as f:
-        text = f.read()
     try:
         marker = json.loads(text)
     except ValueError:
@@ -281,19 +280,20 @@ def _enclosing_folder(uri: str) -> tuple[str, str] | None:
             return "a query's checkpoint", path
 
 
-#: What an export writes under its location; removing an export removes these alone.
+#: What an export writes under its location; removing an export removes these alone,
+#: in this order: the marker last.
 _EXPORT_PARTS = ("data", "manifest", "state", EXPORT_MARKER)
 
 
 def _remove_export(fs: Any, root: str, uri: str) -> None:
-    """Remove what an export wrote at ``root`` (its parts, then the folder if that left
-    it empty): anything else found there is not the export's and stays, with a warning."""
+    """Remove what an export wrote at ``root`` (its parts, the marker last, then the
+    folder if that left it empty): anything else found there is not the export's and
+    stays, with a warning. A removal killed half way keeps the marker, which lets a
+    rerun (or an export there, which finds a dead export's copy) finish it."""
     for part in _EXPORT_PARTS:
-        path = _fs.join(root, part)
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
+        _fs.remove_tree(fs, _fs.join(root, part))
     left = fs.ls(root, detail=False) if fs.exists(root) else []
     if left:
         log.warning("%s: left in place what the export did not write: %s", uri, sorted(left)[:10])
-    elif fs.exists(root):
-        fs.rm(root, recursive=True)
+    else:
+        _fs.remove_tree(fs, root)  # a local disk's empty folder; nothing on object stores

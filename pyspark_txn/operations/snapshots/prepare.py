@@ -9,11 +9,12 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ConfigError, CorruptSnapshotError
+from ...state.core import NamedSnapshot
 from ...storage import fs as _fs
 from ...storage.options import StorageOptions, takes_storage_options
 from .copy import copy_table
@@ -152,6 +153,19 @@ def prepare_query(
     refused: Spark cannot load state from the exported tables.
     """
     entry = show(location, name, sink, command="snapshots prepare-query")
+    check_startable(entry)
+    chk_uri, path_uri = check_new_locations(checkpoint, path)
+    check = verify(location, name, sink)
+    if not check.ok:
+        raise CorruptSnapshotError(
+            f"snapshot {name!r} does not verify: " + "; ".join(check.problems[:5])
+        )
+    return start_from_entry(entry, chk_uri, path_uri, {"from": location}, progress=progress)
+
+
+def check_startable(entry: NamedSnapshot) -> None:
+    """Refuse, before anything is written, a snapshot a new query cannot start from."""
+    name = entry.name
     if entry.details.get("stateful") or entry.details.get("state_tables"):
         raise ConfigError(
             f"snapshot {name!r} is of a stateful query: its exported state tables can be read "
@@ -176,10 +190,14 @@ def prepare_query(
                 "a new query cannot start from this snapshot. Restart the original query "
                 "from its checkpoint, or start a new one with its own group and startId"
             )
+
+
+def check_pair(checkpoint: str, path: str) -> tuple[str, str]:
+    """The sink's own check of a (checkpoint, path) pair (same folder, checkpoint inside
+    the table, ...): a prepared query it would refuse is refused before anything is
+    written. Returns both as URIs."""
     from ...sinks.delta import DeltaSinkOptions
 
-    # the sink's own check of the pair (same folder, checkpoint inside the table, ...):
-    # a prepared query it would refuse is refused before anything is written
     try:
         DeltaSinkOptions.parse({"path": path, "checkpointLocation": checkpoint})
     except ConfigError as e:
@@ -187,26 +205,48 @@ def prepare_query(
             f"checkpoint {checkpoint} and path {path}: the txn-delta sink refuses this pair, "
             f"so the prepared query could not start: {e}"
         ) from e
-    chk_uri, path_uri = _fs.normalize_uri(checkpoint), _fs.normalize_uri(path)
-    chk_fs, chk_root = _fs.filesystem(chk_uri)
-    path_fs, path_root = _fs.filesystem(path_uri)
-    _new_location(chk_fs, chk_root, "checkpoint", chk_uri)
-    _new_location(path_fs, path_root, "path", path_uri)
-    check = verify(location, name, sink)
-    if not check.ok:
-        raise CorruptSnapshotError(
-            f"snapshot {name!r} does not verify: " + "; ".join(check.problems[:5])
-        )
+    return _fs.normalize_uri(checkpoint), _fs.normalize_uri(path)
+
+
+def check_new_locations(checkpoint: str, path: str) -> tuple[str, str]:
+    """:func:`check_pair`, and both locations new or empty."""
+    chk_uri, path_uri = check_pair(checkpoint, path)
+    for option, uri in (("checkpoint", chk_uri), ("path", path_uri)):
+        fs, root = _fs.filesystem(uri)
+        _new_location(fs, root, option, uri)
+    return chk_uri, path_uri
+
+
+#: What a started-from checkpoint keeps of its origin (``pyspark-txn status`` reads it).
+STARTED_FROM = ("pyspark_txn", "started_from.json")
+
+
+def start_from_entry(
+    entry: NamedSnapshot,
+    chk_uri: str,
+    path_uri: str,
+    lineage: Mapping[str, Any],
+    *,
+    offsets: Sequence[Any] | None = None,
+    progress: Progress | None = None,
+) -> PreparedQuery:
+    """Copy the snapshot's data to ``path_uri`` and write a Spark checkpoint at
+    ``chk_uri`` whose last committed batch is the snapshot's. The caller checked both
+    places (new, empty, or its own unfinished work) and the snapshot (it verifies, a query
+    can start from it). ``lineage`` goes into ``started_from.json`` beside the entry;
+    ``offsets``: the sources' offsets to start from (default: the snapshot's)."""
     copied = copy_table(
         _fs.join(entry.location, "data"),
         None,
         path_uri,
         name=None,
-        description=f"started from pyspark-txn snapshot {name!r} (batch {entry.batch_id})",
+        description=f"started from pyspark-txn snapshot {entry.name!r} (batch {entry.batch_id})",
         progress=progress,
     )
     batch = entry.batch_id
-    offsets = entry.details.get("source_offsets") or []
+    if offsets is None:
+        offsets = entry.details.get("source_offsets") or []
+    chk_fs, chk_root = _fs.filesystem(chk_uri)
     lines = [
         "v1",
         json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": int(time.time() * 1000)}),
@@ -215,8 +255,8 @@ def prepare_query(
     # The lineage first, Spark's logs last: a half-written checkpoint has no commit.
     _write_text(
         chk_fs,
-        _fs.join(chk_root, "pyspark_txn", "started_from.json"),
-        json.dumps({**entry.to_json(), "details": None, "from": location}, default=str),
+        _fs.join(chk_root, *STARTED_FROM),
+        json.dumps({**entry.to_json(), "details": None, **lineage}, default=str),
     )
     _write_text(chk_fs, _fs.join(chk_root, "metadata"), json.dumps({"id": str(uuid.uuid4())}))
     if batch > 0:  # Spark reads the batch before the last too (it takes the last's over)
@@ -229,7 +269,7 @@ def prepare_query(
     )
     log.info(
         "prepared a query from snapshot %r: checkpoint %s (next batch %d), table %s (%d rows)",
-        name,
+        entry.name,
         chk_uri,
         batch + 1,
         path_uri,

@@ -3,6 +3,7 @@ and pending requests, show one entry."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -11,6 +12,7 @@ from ...state.core import (
     ExportRequest,
     NamedSnapshot,
 )
+from ...storage import fs as _fs
 from ...storage.options import StorageOptions, takes_storage_options
 from ..handle import CHUNK_BYTES, SinkHandle, open_sink
 
@@ -21,6 +23,32 @@ EXPORT_MARKER = ".pyspark-txn-export.json"
 CHUNK_BYTES = CHUNK_BYTES
 
 Progress = Callable[[int, int], None]
+
+
+def backup_part_name(backup_id: int, catalog_id: str) -> str:
+    """The name of a backup's part in each member's snapshot registry. It carries the
+    catalog's id (a backup location's own id): a take of the same id into another location
+    (or into a location wiped and created again) must never find another catalog's part."""
+    return f"backup-{backup_id}-{catalog_id}"
+
+
+_BACKUP_PART = re.compile(r"backup-([0-9]+)-([0-9a-f]{16})")
+
+
+def backup_of_part(name: str, location: str) -> tuple[int, str] | None:
+    """(backup id, backup location) when ``name`` at ``location`` is a backup's part: its
+    name says so and it lies at ``<to>/<id>-<catalog id>/part-<i>`` beside ``<to>/_catalog``."""
+    found = _BACKUP_PART.fullmatch(name)
+    if found is None:
+        return None
+    backup_id, catalog_id = int(found.group(1)), found.group(2)
+    parts = location.rstrip("/").rsplit("/", 2)
+    if len(parts) != 3 or parts[1] != f"{backup_id}-{catalog_id}":
+        return None
+    fs, root = _fs.filesystem(parts[0])
+    if not fs.exists(_fs.join(root, "_catalog", "_delta_log", f"{0:020d}.json")):
+        return None
+    return backup_id, parts[0]
 
 
 def _open(location: str, sink: str | None, command: str) -> SinkHandle:

@@ -19,8 +19,9 @@ from ...state.core import (
 from ...storage import fs as _fs
 from ...storage.options import StorageOptions, current, takes_storage_options
 from ..verify import byte_progress, crc32_of
-from .location import _read_marker, _relation, _remove_export
-from .registry import Progress, _open, show
+from .copy import TableCopy
+from .location import _EXPORT_PARTS, _read_marker, _relation, _remove_export
+from .registry import Progress, _open, backup_of_part, show
 
 
 @dataclass(frozen=True)
@@ -63,17 +64,24 @@ def verify(
     files with the same sizes and CRC32s and the same row count in their footers,
     every row of the manifest table, and each state table's files (sizes and CRC32s;
     entries written before those were recorded: the row count)."""
+    sink_id = _open(location, sink, "snapshots verify").sink_id
+    return verify_entry(show(location, name, sink, command="snapshots verify"), sink_id, progress)
+
+
+def verify_entry(
+    entry: NamedSnapshot, sink_id: str, progress: Progress | None = None
+) -> ExportCheck:
+    """:func:`verify` of an entry known without its sink (a backup's catalog holds its
+    parts' entries). An entry without per-file CRC32s (a legacy backup's part read back
+    from its manifest) has them derived from the files and checked, as a set, against the
+    manifest's data checksum."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
-    sink_id = _open(location, sink, "snapshots verify").sink_id
-    entry = show(location, name, sink, command="snapshots verify")
-    expected = {path: (size, crc) for path, size, crc in entry.details.get("files", [])}
     data_uri = _fs.join(entry.location, "data")
     problems: list[str] = []
     try:
-        import pyarrow as pa
-
         adds = pa.table(
             DeltaTable(data_uri, storage_options=current().for_delta()).get_add_actions(
                 flatten=False
@@ -83,13 +91,29 @@ def verify(
         problems = [f"{data_uri}: unreadable: {e}"]
         problems += _check_manifest(entry, sink_id)
         problems += _check_state_tables(entry)
-        return ExportCheck(name, entry.location, None, 0, tuple(problems), readable=False)
+        return ExportCheck(entry.name, entry.location, None, 0, tuple(problems), readable=False)
+    fs, root = _fs.filesystem(data_uri)
+    known = entry.details.get("files")
+    derived: dict[str, str] = {}
+    if known is None:  # derived: each file's size from the log, its CRC32 from its bytes
+        for a in adds:
+            try:
+                derived[a["path"]] = crc32_of(fs, _fs.join(root, unquote(a["path"])), _no_progress)
+            except FileNotFoundError:
+                derived[a["path"]] = "missing"
+        known = [[a["path"], a["size_bytes"], derived[a["path"]]] for a in adds]
+        checksum = TableCopy(known, 0, 0).checksum
+        if checksum != entry.details.get("data_checksum"):
+            problems.append(
+                f"{data_uri}: its files' checksum is {checksum}, the manifest says "
+                f"{entry.details.get('data_checksum')}"
+            )
+    expected = {path: (size, crc) for path, size, crc in known}
     listed = {a["path"] for a in adds}
     for path in sorted(set(expected) - listed):
         problems.append(f"{path}: missing from the exported table's log")
     for path in sorted(listed - set(expected)):
         problems.append(f"{path}: in the exported table but not in the snapshot")
-    fs, root = _fs.filesystem(_fs.join(entry.location, "data"))
     advance = byte_progress(sum(size for size, _ in expected.values()), progress)
     rows = 0
 
@@ -106,7 +130,11 @@ def verify(
             problems.append(f"{path}: {got_size} bytes, the snapshot says {size}")
             advance(size)
             continue
-        got = crc32_of(fs, full, advance)
+        if path in derived:
+            advance(size)
+            got = derived[path]
+        else:
+            got = crc32_of(fs, full, advance)
         if got != crc:
             problems.append(f"{path}: CRC32 {got}, the snapshot says {crc}")
             continue
@@ -116,7 +144,11 @@ def verify(
         problems.append(f"{rows} rows in the files, the snapshot says {entry.details.get('rows')}")
     problems.extend(_check_manifest(entry, sink_id))
     problems.extend(_check_state_tables(entry))
-    return ExportCheck(name, entry.location, rows, len(listed), tuple(problems))
+    return ExportCheck(entry.name, entry.location, rows, len(listed), tuple(problems))
+
+
+def _no_progress(_n: int) -> None:
+    pass
 
 
 def _check_manifest(entry: NamedSnapshot, sink_id: str) -> list[str]:
@@ -145,7 +177,7 @@ def _check_manifest(entry: NamedSnapshot, sink_id: str) -> list[str]:
         "query_id": d.get("query_id"),
         "table_version": entry.target_version,
         "rows": d.get("rows"),
-        "files": len(d.get("files") or []),
+        "files": len(d["files"]) if "files" in d else d.get("file_count"),
         "bytes": d.get("bytes"),
         "data_checksum": d.get("data_checksum"),
     }
@@ -241,38 +273,69 @@ def delete(
     name: str,
     sink: str | None = None,
     *,
+    force: bool = False,
     storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> NamedSnapshot:
-    """Unregister ``name`` (a safe event), then remove its export folder."""
+    """Remove the export's files, then its name: a delete that fails half way leaves the
+    name registered, and running it again finishes both. A backup's part is refused
+    unless ``force``: that backup would no longer restore."""
     handle = _open(location, sink, "snapshots delete")
     entry = show(location, name, sink)
+    _refuse_enclosing(handle.load(), entry)
+    if not force:
+        backup = backup_of_part(name, entry.location)
+        if backup is not None:
+            backup_id, to = backup
+            raise ConfigError(
+                f"snapshot {name!r} is this query's part of backup {backup_id} in {to}: "
+                "deleting it makes that backup unrestorable. Delete the whole backup "
+                f"(`pyspark-txn backups delete {backup_id} --to {to}`), or pass --force "
+                "(force=True) to delete this part anyway (nothing was deleted)"
+            )
+    left = _remove_files(entry)
 
     def deleted(s: SinkState) -> Any:
-        # an older entry may sit inside this one's folder (registered before the checks)
-        for other in s.named.values():
-            if other.name != name and _relation(other.location, entry.location) in (
-                "is",
-                "is inside",
-            ):
-                raise ConfigError(
-                    f"snapshot {name!r}: its folder {entry.location} holds the location of "
-                    f"snapshot {other.name!r} ({other.location}); delete {other.name!r} "
-                    "first (nothing was deleted)"
-                )
+        _refuse_enclosing(s, entry)  # registered meanwhile
         return delete_named(s, name)
 
     handle.record_store().update(handle.sink_id, fold_sink, deleted)
-    location = entry.location
-    if _fs.is_local(location) and os.path.islink(location):  # the copy, not only the link
-        location = os.path.realpath(location)
-        os.unlink(entry.location)
-    fs, root = _fs.filesystem(location)
-    marker = _read_marker(fs, root) if fs.exists(root) else None
-    if marker is not None and marker.get("snapshot_id") == entry.snapshot_id:
-        _remove_export(fs, root, location)
-    elif fs.exists(root):
+    if left:
         raise TxnError(
             f"snapshot {name!r} is unregistered, but {entry.location} does not carry its "
             "export marker any more; it was left in place: remove it yourself"
         )
     return replace(entry)
+
+
+def _refuse_enclosing(state: SinkState, entry: NamedSnapshot) -> None:
+    """An older entry may sit inside this one's folder (registered before the checks)."""
+    for other in state.named.values():
+        if other.name != entry.name and _relation(other.location, entry.location) in (
+            "is",
+            "is inside",
+        ):
+            raise ConfigError(
+                f"snapshot {entry.name!r}: its folder {entry.location} holds the location of "
+                f"snapshot {other.name!r} ({other.location}); delete {other.name!r} "
+                "first (nothing was deleted)"
+            )
+
+
+def _remove_files(entry: NamedSnapshot) -> bool:
+    """Remove what the export wrote; True when its folder holds something else that
+    carries no marker of this export (left in place)."""
+    location = entry.location
+    link = _fs.is_local(location) and os.path.islink(location)
+    if link:  # the copy, not only the link
+        location = os.path.realpath(location)
+    fs, root = _fs.filesystem(location)
+    marker = _read_marker(fs, root) if fs.exists(root) else None
+    if marker is not None and marker.get("snapshot_id") == entry.snapshot_id:
+        _remove_export(fs, root, location)
+    elif marker is not None or any(fs.exists(_fs.join(root, p)) for p in _EXPORT_PARTS):
+        return True  # another export's, or files without a marker: not ours to remove
+    elif fs.exists(root) and not fs.ls(root, detail=False):
+        fs.rmdir(root)  # what a removal killed after its last file left
+    if link:
+        os.unlink(entry.location)
+    return False
