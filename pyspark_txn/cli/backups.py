@@ -85,13 +85,22 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_delete)
     p = bsub.add_parser(
         "restore",
-        help="give every member a new table and checkpoint at its part",
-        description="Writes <into>/part-<i>/table and /checkpoint per member; start the same "
-        "queries on them (downstream sources reading the restored upstream tables).",
+        help="give every member a table and checkpoint at its part (new ones, or in place)",
+        description="--into DIR writes <into>/part-<i>/table and /checkpoint per member; "
+        "start the same queries on them (downstream sources reading the restored upstream "
+        "tables). --in-place writes each member's own checkpoint and target, which must be "
+        "gone or empty (lost, or moved away first); restart the queries unchanged. Needs "
+        "only the backup location.",
         epilog="exit status: 0 restored, 2 refused or error",
     )
     _common(p)
-    p.add_argument("--into", required=True, help="a new or empty directory")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--into", help="a new or empty directory")
+    where.add_argument(
+        "--in-place",
+        action="store_true",
+        help="restore at the members' own checkpoints and target tables (gone or empty)",
+    )
     p.add_argument(
         "--accept-message-loss",
         action="store_true",
@@ -176,8 +185,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(check.to_json(), indent=2, default=str))
     else:
-        for c in check.checks:
-            print(f"{c.name}: {c.files} files, {c.rows} rows at {c.location}")
+        for member, c in zip(check.members, check.checks, strict=True):
+            print(f"{member}: {c.files} files, {c.rows} rows at {c.location}")
         for p in check.problems:
             print(f"  error: {p}")
         print("OK" if check.ok else f"{len(check.problems)} problems found")
@@ -206,7 +215,11 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     restored = backups.restore(
-        args.backup_id, args.to, args.into, accept_message_loss=args.accept_message_loss
+        args.backup_id,
+        args.to,
+        args.into,
+        in_place=args.in_place,
+        accept_message_loss=args.accept_message_loss,
     )
     if args.json:
         print(json.dumps([r.to_json() for r in restored], indent=2))

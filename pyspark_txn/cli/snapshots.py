@@ -240,6 +240,8 @@ def cmd_snapshots_delete(args: argparse.Namespace) -> int:
     from ..operations import snapshots
 
     n = snapshots.show(args.location, args.name, args.sink)
+    if not args.force and snapshots.backup_of_part(n.name, n.location) is not None:
+        snapshots.delete(args.location, args.name, args.sink)  # refused, naming the backup
     if not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError(
@@ -250,7 +252,7 @@ def cmd_snapshots_delete(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("not deleted")
             return 1
-    snapshots.delete(args.location, args.name, args.sink)
+    snapshots.delete(args.location, args.name, args.sink, force=args.force)
     if args.json:
         print(json.dumps({"deleted": n.to_json()}, indent=2))
     else:
@@ -349,11 +351,16 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_snapshots_verify)
     p = ssub.add_parser(
         "delete",
-        help="unregister a named snapshot and remove its export",
+        help="remove a named snapshot's export, then its name",
         epilog="exit status: 0 deleted, 1 declined at the prompt, 2 error",
     )
     sink_arguments(p, name=True)
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="delete a backup's part too (that backup then no longer restores)",
+    )
     p.set_defaults(func=cmd_snapshots_delete)
     p = ssub.add_parser(
         "cancel",

@@ -1,13 +1,18 @@
 """``txn-delta`` as a streaming source: the appends of a Delta table, by version.
 
-The offset ``{"version": v, "index": i, "snapshot": s}`` names the next file
-to read: file ``i`` of version ``v``'s change set, where the change set of a
+The offset ``{"version": v, "index": i, "snapshot": s, "tableId": t}`` names the
+next file to read: file ``i`` of version ``v``'s change set, where the change set of a
 commit is its ``add`` actions with ``dataChange=true`` in log order, and (with
 ``snapshot`` true) the change set is the whole table at ``v``, sorted by path.
 A file list for a version never changes, so a range of offsets always names
 the same files: replayable for as long as the Delta log keeps those versions
 (an offset at a version whose commit was cleaned from the log is a
-``SourceError``, never a silent skip).
+``SourceError``, never a silent skip). ``tableId`` is the Delta table's id (its
+``metaData.id``, Delta's own streaming source calls it ``reservoirId``): an offset
+names a version *of one table*, so a checkpoint started on another table (a
+restored checkpoint on the original upstream, a table re-created at the same path)
+is refused instead of reading that table's versions as if they were its own.
+Offsets written before ids were (no ``tableId``) are accepted as they are.
 
 What a file contributes is fixed by its ``add`` action, so replays are exact:
 - partition values come from the action (strings in the log, converted to
@@ -205,6 +210,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         problem = _protocol_problem(self.protocol)
         if problem:
             raise SourceError(f"txn-delta source: {opts.path} {problem}")
+        self.table_id = str(dt.metadata().id)
         self.configuration = dict(dt.metadata().configuration or {})
         self.mode = _mapping_mode(self.configuration, self.protocol)
         # the Delta schema the stream was built from (physical names, ids, types)
@@ -392,9 +398,9 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _initial_offset(self) -> dict:
         latest = self.opts.table().version()
         if self.opts.starting == "snapshot":
-            return canonical({"version": latest, "index": 0, "snapshot": True})
+            return self._offset(latest, 0, True)
         if self.opts.starting == "latest":
-            return canonical({"version": latest + 1, "index": 0, "snapshot": False})
+            return self._offset(latest + 1, 0, False)
         version = int(self.opts.starting)
         if version > latest + 1:
             raise SourceError(
@@ -402,7 +408,28 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"version {latest}; start at most at {latest + 1} (the next commit), or use "
                 "'latest'"
             )
-        return canonical({"version": version, "index": 0, "snapshot": False})
+        return self._offset(version, 0, False)
+
+    def _offset(self, version: int, index: int, snapshot: bool) -> dict:
+        return canonical(
+            {"version": version, "index": index, "snapshot": snapshot, "tableId": self.table_id}
+        )
+
+    def _check_table(self, offset: Mapping[str, Any], table_id: str | None = None) -> None:
+        """An offset of another Delta table than the one at ``path`` is refused (offsets
+        without ``tableId``, written before ids were, are taken as they are)."""
+        want = offset.get("tableId")
+        got = table_id or self.table_id
+        if want is not None and want != got:
+            raise SourceError(
+                f"txn-delta source: this query's checkpoint holds offsets of the Delta table "
+                f"with id {want}, but option path={self.opts.path!r} is the table with id "
+                f"{got}: it would read another table's versions as its own (duplicates or "
+                "holes). Start the source on the table the checkpoint was made for (a "
+                "checkpoint restored from a backup reads the restored upstream table: "
+                "`backups restore` printed it, <checkpoint>/pyspark_txn/started_from.json "
+                "names it), or start a new query (a new checkpoint)"
+            )
 
     def _files_from(self, start: dict, last_version: int) -> Iterator[tuple[tuple, Any]]:
         """(position, file) from ``start`` through ``last_version``, in offset order.
@@ -423,27 +450,31 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # PySpark < 4.2 passes no start: where this process planned last (a restarted
         # query re-plans its last batch first, see partitions), else the initial offset
         start = start or self.current or self.initialOffset()
-        latest = self.opts.table().version()
+        dt = self.opts.table()
+        self._check_table(start, str(dt.metadata().id))
+        latest = dt.version()
         if self.target_version is not None:
             latest = min(latest, self.target_version)
-        taken, end = 0, {"version": latest + 1, "index": 0, "snapshot": False}
+        taken, end = 0, self._offset(latest + 1, 0, False)
         for (v, i, snap), item in self._files_from(start, latest):
             if isinstance(item, ChangeSet):  # stop before it; fail once nothing precedes it
                 if not taken:
                     raise SourceError(item.error)
-                end = {"version": v, "index": 0, "snapshot": snap}
+                end = self._offset(v, 0, snap)
                 break
             if taken == self.opts.max_files_per_batch:
-                end = {"version": v, "index": i, "snapshot": snap}
+                end = self._offset(v, i, snap)
                 break
             taken += 1
-        self.current = canonical(end) if taken else start
+        self.current = end if taken else start
         return self.current
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.target_version = self.opts.table().version()
 
     def partitions(self, start: dict, end: dict) -> list[DeltaFiles]:
+        self._check_table(start)
+        self._check_table(end)
         check_batch_order(
             "txn-delta source",
             (start["version"], start["index"]),

@@ -28,10 +28,10 @@ SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.string())])
 class SinkDriver:
     """One txn-delta sink driven like Spark would: allocate, stage, commit."""
 
-    def __init__(self, tmp_path, name="a", **options):
+    def __init__(self, tmp_path, name="a", *, target=None, chk=None, **options):
         self.tmp_path = tmp_path
-        self.target = str(tmp_path / f"table-{name}")
-        self.chk = str(tmp_path / f"chk-{name}")
+        self.target = target or str(tmp_path / f"table-{name}")
+        self.chk = chk or str(tmp_path / f"chk-{name}")
         opts = DeltaSinkOptions.parse(
             {"path": self.target, "checkpointLocation": self.chk, **options}
         )

@@ -162,12 +162,13 @@ def test_schema_change_stops_the_stream_at_that_version(tmp_path):
     write_deltalake(path, t, mode="append", schema_mode="merge")
     # the append before the change is served, then the stream stops at the change
     nxt = r.latestOffset(end, None)
-    assert nxt == {"index": 0, "snapshot": False, "version": 2}
+    table_id = str(DeltaTable(path).metadata().id)
+    assert nxt == {"index": 0, "snapshot": False, "version": 2, "tableId": table_id}
     with pytest.raises(SourceError, match="'extra' is not in the stream's schema.*Restart"):
         r.latestOffset(nxt, None)
     # a restarted query (new schema) goes on from the same offset
     again = reader(path)
-    last = {"index": 0, "snapshot": False, "version": 3}
+    last = {"index": 0, "snapshot": False, "version": 3, "tableId": table_id}
     assert rows_between(again, nxt, last) == [{"id": 4, "extra": "e"}]
     assert rows_between(again, end, nxt) == [{"id": 3, "extra": None}]
 
@@ -378,3 +379,35 @@ def test_partition_value_parsing(raw, typ, value):
 def test_bad_partition_value_is_a_source_error():
     with pytest.raises(SourceError, match="not a valid boolean"):
         partition_values.parse_partition_value("yes", "boolean")
+
+
+def test_offsets_name_their_table_and_another_table_is_refused(tmp_path):
+    """An offset is a version *of one table* (Delta's reservoirId): a checkpoint started
+    on another table at the same or another path is refused, naming both ids; offsets
+    written before ids were (no tableId) are still read."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    for path, first in ((a, 1), (b, 100)):
+        write_deltalake(path, pa.table({"id": pa.array([first, first + 1], pa.int64())}))
+        write_deltalake(path, pa.table({"id": pa.array([first + 2], pa.int64())}), mode="append")
+    ra, rb = reader(a), reader(b)
+    id_a, id_b = (str(DeltaTable(p).metadata().id) for p in (a, b))
+    start = ra.initialOffset()
+    assert start["tableId"] == id_a
+    end = ra.latestOffset(start, None)
+    assert end["tableId"] == id_a
+    # b's reader given a's offsets: refused in planning and in partitions, naming both
+    for call in (lambda: rb.latestOffset(end, None), lambda: rb.partitions(start, end)):
+        with pytest.raises(SourceError, match=f"{id_a}.*path=.*{id_b}"):
+            call()
+    # a legacy offset (no tableId) reads as before, and the next offset carries the id
+    legacy = {"index": 0, "snapshot": False, "version": 1}
+    nxt = rb.latestOffset(legacy, None)
+    assert nxt == {"index": 0, "snapshot": False, "version": 2, "tableId": id_b}
+    assert [r["id"] for r in rows_between(rb, legacy, nxt)] == [102]
+    # a table re-created at a's path is another table
+    import shutil
+
+    shutil.rmtree(a)
+    write_deltalake(a, pa.table({"id": pa.array([7, 8, 9, 10], pa.int64())}))
+    with pytest.raises(SourceError, match="another table's versions"):
+        ra.latestOffset(end, None)

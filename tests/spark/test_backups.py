@@ -106,6 +106,11 @@ def test_backups_of_a_running_chain_are_exact_cuts_and_restore_row_for_row(spark
     # the restored parts hold what the parts hold, and downstream holds nothing more
     new_chks = [r.checkpoint for r in restored]
     new_paths = [r.path for r in restored]
+    # a restored query started on the original upstream table (only the sink's options
+    # changed) is refused: its offsets name the restored upstream's table id
+    with pytest.raises(Exception, match="another table's versions as its own"):
+        run_to_end(_link(spark, paths[0], new_chks[1], new_paths[1]))
+    assert len(_rows(new_paths[1])) == len(_rows(f"{taken[1].members[1].location}/data"))
     assert restored[1].reads == {0: new_paths[0]} and restored[2].reads == {0: new_paths[1]}
     # each restored table is a strict prefix-derived subset: C's rows come from A's part
     a_ids = {r[0] for r in _rows(new_paths[0])}
@@ -157,3 +162,37 @@ def test_a_fan_out_is_cut_where_its_slowest_reader_stands(spark, tmp_path):
         assert new[n].reads == {0: new["a"].path}
         run_to_end(_link(spark, new["a"].path, new[n].checkpoint, new[n].path))
         assert _rows(new[n].path) == _rows(ref[n]) and len(_rows(ref[n])) == TOTAL
+
+
+def test_a_lost_pipeline_is_restored_from_its_backups_alone(spark, tmp_path):
+    """The disaster a backup is for: two backups, then every checkpoint, record table and
+    table of the chain is gone. Each backup restores from its location alone (one into
+    new locations, one in place), and the restored chain run to the end equals an
+    uninterrupted run row for row."""
+    import shutil
+
+    expected = _rows(_run_chain(spark, tmp_path / "reference")[2])
+    chks = [str(tmp_path / f"chk{i}") for i in range(3)]
+    paths = [str(tmp_path / f"t{i}") for i in range(3)]
+    to = str(tmp_path / "backups")
+    reads = {chks[1]: [paths[0]], chks[2]: [paths[1]]}
+    for total in (240, 420):  # the chain part of the way, a backup; further, a backup
+        run_to_end(_a(spark, chks[0], paths[0], seq={"totalRows": total}))
+        run_to_end(_link(spark, paths[0], chks[1], paths[1]))
+        run_to_end(_link(spark, paths[1], chks[2], paths[2]))
+        assert backups.take(None, chks, to, reads=reads).state == "completed"
+    for place in (*chks, *paths):
+        shutil.rmtree(place)
+    assert [b.state for b in backups.list_backups(to)] == ["completed", "completed"]
+    for backup_id in (1, 2):
+        assert backups.verify(backup_id, to).ok
+    into = backups.restore(1, to, str(tmp_path / "restored"), spark=spark)
+    _run_chain(spark, None, [r.checkpoint for r in into], [r.path for r in into])
+    assert _rows(into[2].path) == expected
+    in_place = backups.restore(2, to, in_place=True, spark=spark)
+    assert [(r.checkpoint, r.path) for r in in_place] == list(zip(chks, paths, strict=True))
+    _run_chain(spark, None, chks, paths)  # the original queries, unchanged
+    assert _rows(paths[2]) == expected
+    # both backups are still completed and verify after all of it
+    assert [b.state for b in backups.list_backups(to)] == ["completed", "completed"]
+    assert backups.verify(1, to).ok and backups.verify(2, to).ok

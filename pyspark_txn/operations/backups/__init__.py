@@ -16,13 +16,16 @@ table (version 0 = the pinned version) and rewrites each downstream offset to
 the restored upstream table's next version, so the chain resumes exactly there.
 
 The catalog is a small Delta table ``<to>/_catalog``: one row per event
-(started, member started/failed, failed, deleted). A backup id is taken with a
+(started, member started/completed/failed, failed, completed, delete started, deleted).
+A completed part's whole registry entry is in its ``member_completed`` event, so a
+backup is read, verified and restored from ``to`` alone (:mod:`.parts`). A backup id is taken with a
 conditional commit (no delta-rs retries, an app transaction versioned by the
 id), so two takers can never both take an id, and ids only grow: a smaller or
 used id is refused, also after a failed or deleted backup.
 
-The parts: :mod:`.catalog`, :mod:`.plan` (the cut), :mod:`.take`, :mod:`.status`
-(status, list, verify, delete) and :mod:`.restore`; this module names them all.
+The parts: :mod:`.catalog`, :mod:`.plan` (the cut), :mod:`.parts` (what is known of each
+part, and from where), :mod:`.take`, :mod:`.status` (status, list, verify, delete) and
+:mod:`.restore`; this module names them all.
 """
 
 from __future__ import annotations
@@ -34,14 +37,15 @@ from .catalog import (  # noqa: F401 (the names of operations.backups)
     CATALOG,
     COMPLETED,
     DELETED,
+    DELETING,
     DOES_NOT_EXIST,
-    DONE_FILE,
     FAILED,
     FAULT_ENV,
     IN_PROGRESS,
     INCOMPLETE,
     MAX_ID,
     RESTORE_MARKER,
+    UNKNOWN,
     _append,
     _backup_dir,
     _catalog_id,
@@ -64,6 +68,12 @@ from .catalog import (  # noqa: F401 (the names of operations.backups)
     check_id,
     part_name,
 )
+from .parts import (  # noqa: F401 (the names of operations.backups)
+    MEMBER_COMPLETED,
+    catalog_parts,
+    live_part,
+    part_from_manifest,
+)
 from .plan import (  # noqa: F401 (the names of operations.backups)
     Member,
     _align_readers,
@@ -79,9 +89,9 @@ from .plan import (  # noqa: F401 (the names of operations.backups)
     consumed_version,
 )
 from .restore import (  # noqa: F401 (the names of operations.backups)
+    MEMBER_MARKER,
     Restored,
     _next_version,
-    _rewrite_offsets,
     _running_queries,
     restore,
 )

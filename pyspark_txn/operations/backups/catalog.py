@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigError
 from ...storage import current
+from ..snapshots.registry import backup_part_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -26,10 +27,12 @@ log = logging.getLogger(__name__)
 CATALOG = "_catalog"
 _APP = "pyspark_txn_backups"
 RESTORE_MARKER = ".pyspark-txn-restore.json"
-#: Crash tests only: ``exit_after_part`` / ``exit_after_restore_part`` end the process
-#: (``os._exit``, no cleanup) after the first part taken or restored.
+#: Crash tests only: the process ends (``os._exit``, no cleanup, as kill -9) at the point
+#: named: ``exit_after_register`` / ``exit_after_part`` (the first part taken: registered,
+#: then in the catalog), ``exit_after_restore_part`` (the first member restored),
+#: ``restore_after_into_marker``, ``restore_after_mark:<i>``,
+#: ``restore_after_checkpoint:<i>``, ``restore_after_member:<i>`` (member ``i``).
 FAULT_ENV = "PYSPARK_TXN_BACKUP_FAULT"
-DONE_FILE = "restored.json"
 
 # member states (seed 001's words)
 DOES_NOT_EXIST = "doesNotExist"
@@ -38,6 +41,8 @@ COMPLETED = "completed"
 FAILED = "failed"
 INCOMPLETE = "incomplete"
 DELETED = "deleted"
+DELETING = "deleting"  # a delete began and has not finished (run it again)
+UNKNOWN = "unknown"  # a live sink could not be read now: never taken for failed
 
 
 #: The largest backup id: the catalog stores ids as int64.
@@ -53,11 +58,7 @@ def check_id(backup_id: object) -> int:
     return backup_id
 
 
-def part_name(backup_id: int, catalog_id: str) -> str:
-    """The name of a backup's part in each member's snapshot registry. It carries the
-    catalog's id (:func:`_catalog_id`): a take of the same id into another location (or
-    into a location wiped and created again) must never find another catalog's part."""
-    return f"backup-{backup_id}-{catalog_id}"
+part_name = backup_part_name  # the registry's convention (snapshots.registry)
 
 
 def _catalog_id(dt: DeltaTable) -> str:

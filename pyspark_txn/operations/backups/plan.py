@@ -23,6 +23,7 @@ class Member:
     target: str  # the sink's Delta table
     sink_id: str
     reads: tuple[str | None, ...]  # per source: the table its txn-delta source reads
+    record_table: str | None = None  # None: a backup taken before it was kept
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -30,11 +31,18 @@ class Member:
             "target": self.target,
             "sink_id": self.sink_id,
             "reads": list(self.reads),
+            "record_table": self.record_table,
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Member:
-        return cls(d["checkpoint"], d["target"], d["sink_id"], tuple(d.get("reads") or ()))
+        return cls(
+            d["checkpoint"],
+            d["target"],
+            d["sink_id"],
+            tuple(d.get("reads") or ()),
+            d.get("record_table"),
+        )
 
 
 def _offset_dict(offset: Any) -> dict | None:
@@ -46,9 +54,13 @@ def _offset_dict(offset: Any) -> dict | None:
     return offset if isinstance(offset, dict) else None
 
 
+#: A txn-delta source offset's keys; ``tableId`` since offsets name their table.
+_DELTA_OFFSET_KEYS = frozenset({"version", "index", "snapshot"})
+
+
 def _is_delta_offset(offset: Any) -> bool:
     d = _offset_dict(offset)
-    return d is not None and set(d) == {"version", "index", "snapshot"}
+    return d is not None and _DELTA_OFFSET_KEYS <= set(d) <= _DELTA_OFFSET_KEYS | {"tableId"}
 
 
 def consumed_version(offset: Any, where: str) -> int:
@@ -110,6 +122,7 @@ def _members(
             handle.target_uri,
             handle.sink_id,
             tuple(None if p is None else _fs.normalize_uri(p) for p in (got or ())),
+            handle.record_table,
         )
         _check_reads(member, handle)
         out.append(member)
@@ -126,12 +139,13 @@ def _latest_offsets(handle: admin.SinkHandle) -> Sequence[Any]:
 
 def _check_reads(member: Member, handle: admin.SinkHandle) -> None:
     """``reads`` against the query's sources, as its latest batch recorded them: one entry
-    per source at most; a table only for a ``txn-delta`` source, and then a Delta table
-    that has the version the source has read up to; every ``txn-delta`` source named.
+    per source at most; a table only for a ``txn-delta`` source, and then the Delta table
+    its offsets name (``tableId``) and that has the version the source has read up to;
+    every ``txn-delta`` source named.
 
-    The offsets of a ``txn-delta`` source do not name its table, so a wrong table that
-    exists and is far enough along (C declared as reading A when it reads B) cannot be
-    told from the right one: docs/backups.md says so."""
+    Offsets written before they named their table (no ``tableId``) are checked by version
+    only: a wrong table that exists and is far enough along cannot be told from the right
+    one there (docs/backups.md)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -141,7 +155,7 @@ def _check_reads(member: Member, handle: admin.SinkHandle) -> None:
     q = member.checkpoint
     if len(member.reads) > len(offsets):
         raise ConfigError(
-            f"reads[{q!r}]: {len(member.reads)} tables given, but the query has "
+            f"reads of {q}: {len(member.reads)} tables given, but the query has "
             f"{len(offsets)} source(s) (its latest batch's offsets): give one entry per "
             "source, in order ('-' / None for a source that is not txn-delta)"
         )
@@ -149,29 +163,33 @@ def _check_reads(member: Member, handle: admin.SinkHandle) -> None:
         table = member.reads[s] if s < len(member.reads) else None
         if table is None:
             if _is_delta_offset(offset):
-                raise ConfigError(
-                    f"query {q}: source {s} is a txn-delta source; say which table it reads "
-                    f"with reads={{{q!r}: [...]}} (--reads {q}=TABLE[,...]), so the backup "
-                    "can cut it consistently with that table's query"
-                )
+                raise ConfigError(_reads_missing(q, s))
             continue
         if not _is_delta_offset(offset):
             raise ConfigError(
-                f"reads[{q!r}]: source {s} is not a txn-delta source (its offset is "
+                f"reads of {q}: source {s} is not a txn-delta source (its offset is "
                 f"{json.dumps(offset, default=str)[:120]}), yet the table {table} is given "
                 "for it: give '-' (None) for it"
             )
         try:
-            version = DeltaTable(table, storage_options=current().for_delta()).version()
+            dt = DeltaTable(table, storage_options=current().for_delta())
         except TableNotFoundError:
             raise ConfigError(
-                f"reads[{q!r}]: source {s} reads {table!r}, which is not a Delta table "
+                f"reads of {q}: source {s} reads {table!r}, which is not a Delta table "
                 "(no _delta_log there)"
             ) from None
+        version = dt.version()
+        read_id = (_offset_dict(offset) or {}).get("tableId")
+        if read_id is not None and read_id != str(dt.metadata().id):
+            raise ConfigError(
+                f"reads of {q}: source {s} reads the Delta table with id {read_id} (its "
+                f"offsets say so), but {table} is the table with id {dt.metadata().id}: it is "
+                "not the table this source reads"
+            )
         consumed = int(_offset_dict(offset)["version"]) - 1  # type: ignore[index]
         if consumed > version:
             raise ConfigError(
-                f"reads[{q!r}]: source {s} has read version {consumed} of its table, but "
+                f"reads of {q}: source {s} has read version {consumed} of its table, but "
                 f"{table} is only at version {version}: it is not the table this source reads"
             )
 
@@ -230,11 +248,16 @@ def _check_sources(member: Member, offsets: Sequence[Any]) -> None:
     for s, offset in enumerate(offsets):
         declared = member.reads[s] if s < len(member.reads) else None
         if _is_delta_offset(offset) and declared is None:
-            raise ConfigError(
-                f"query {member.checkpoint}: source {s} is a txn-delta source; say which table "
-                f"it reads with reads={{{member.checkpoint!r}: [...]}} (--reads), so the "
-                "backup can cut it consistently with that table's query"
-            )
+            raise ConfigError(_reads_missing(member.checkpoint, s))
+
+
+def _reads_missing(query: str, source: int) -> str:
+    """The refusal of a txn-delta source nobody said the table of (API and CLI words)."""
+    return (
+        f"query {query}: source {source} is a txn-delta source; say which table it reads "
+        f"(--reads {query}=TABLE, or reads= in Python: one table per source, in order), so "
+        "the backup can cut it consistently with that table's query"
+    )
 
 
 def _boundary_version(offset: Any) -> int | None:

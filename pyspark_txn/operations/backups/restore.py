@@ -1,32 +1,30 @@
-"""Restoring a backup: copy each part into a new table and rewrite each downstream
-checkpoint's offset to its restored upstream table, so the chain resumes exactly there."""
+"""Restoring a backup: copy each part into a new table and write a checkpoint whose
+offsets point each downstream source at its restored upstream table, so the chain resumes
+exactly there. Reads the backup location only: it is what is left after a disaster."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackupError, ConfigError, CorruptSnapshotError
+from ...errors import ConfigError, CorruptSnapshotError
 from ...storage import StorageOptions, current, takes_storage_options
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 from ...storage import fs as _fs
 from .. import snapshots
 from ..handle import open_sink
 from ..snapshots.location import _relation
+from ..snapshots.prepare import check_pair, check_startable, start_from_entry
 from .catalog import (
     COMPLETED,
-    DONE_FILE,
     RESTORE_MARKER,
     _catalog_id,
     _fault,
     _open_catalog,
     _rows,
     _started,
-    part_name,
 )
 from .plan import (
     Member,
@@ -34,10 +32,16 @@ from .plan import (
     _graph,
     _offset_dict,
 )
-from .status import (
-    status,
-    verify,
-)
+from .status import BackupStatus, _status_from, verify
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+#: Each restored member's own mark, in its new checkpoint: which restore wrote it and
+#: whether it finished (then with the restored table's version and id).
+MEMBER_MARKER = ("pyspark_txn", "restore.json")
 
 
 @dataclass(frozen=True)
@@ -84,25 +88,31 @@ def _running_queries(spark: SparkSession | None) -> set[str]:
 def restore(
     backup_id: int,
     to: str,
-    into: str,
+    into: str | None = None,
     *,
+    in_place: bool = False,
     accept_message_loss: bool = False,
     spark: SparkSession | None = None,
     storage_options: StorageOptions | Mapping[str, Any] | str | None = None,
 ) -> list[Restored]:
-    """Give every member a new table and checkpoint at its part, under ``into``
-    (``<into>/part-<i>/checkpoint`` and ``/table``): restarted with these, the queries
-    continue from the backup. A downstream checkpoint's offsets are rewritten to the
-    restored upstream table's versions. Refused while a member runs in this Spark
-    session. Idempotent: a killed restore, run again, finishes the same way."""
-    st = status(backup_id, to)
+    """Give every member a table and checkpoint at its part: restarted with these, the
+    queries continue from the backup.
+
+    ``into``: new locations, ``<into>/part-<i>/checkpoint`` and ``/table``. ``in_place``:
+    the members' own checkpoints and targets, which must be gone or empty (lost in the
+    disaster, or moved away first); the queries then restart with their own options.
+    Each downstream checkpoint's ``txn-delta`` offsets name its restored upstream table
+    (its version and Delta table id). Reads only the backup location ``to``. Refused
+    while a member runs in this Spark session. Idempotent: a killed restore, run again,
+    finishes the same way."""
+    if (into is None) == (not in_place):
+        raise ConfigError("restore: give either into= (--into DIR) or in_place=True (--in-place)")
+    dt = _open_catalog(to)
+    rows, catalog_id = _rows(dt), _catalog_id(dt)
+    st = _status_from(rows, backup_id, to, catalog_id)
     if st.state != COMPLETED:
         raise ConfigError(f"backup {backup_id} is {st.state}: only a completed backup restores")
-    dt = _open_catalog(to)
-    members = [
-        Member.from_json(m) for m in (_started(_rows(dt), backup_id) or {})["body"]["members"]
-    ]
-    _check_into(into, to, members, st)
+    members = [Member.from_json(m) for m in (_started(rows, backup_id) or {})["body"]["members"]]
     running = _running_queries(spark)
     for m in members:
         if _fs.location_key(_fs.normalize_uri(m.checkpoint)) in running:
@@ -110,6 +120,90 @@ def restore(
                 f"query {m.checkpoint} is running in this Spark session: stop it before "
                 "restoring its backup"
             )
+    _check_sources(members, st, accept_message_loss)
+    if in_place:
+        places = {i: (m.checkpoint, m.target) for i, m in enumerate(members)}
+    else:
+        assert into is not None
+        _check_into(into, to, members, st)
+        into_uri = _fs.normalize_uri(into)
+        places = {
+            i: (
+                _fs.join(into_uri, f"part-{i}", "checkpoint"),
+                _fs.join(into_uri, f"part-{i}", "table"),
+            )
+            for i in range(len(members))
+        }
+    mine = {"backup_id": backup_id, "to": _fs.normalize_uri(to), "catalog_id": catalog_id}
+    marks = {i: _read_mark(places[i][0]) for i in places}
+    for i, m in enumerate(members):
+        check_startable(st.members[i].part)  # type: ignore[arg-type]  # completed: a part
+        check_pair(*places[i])
+        if in_place and not _is_done(marks[i], mine):
+            _check_in_place(m, places[i], marks[i], mine)
+    check = verify(backup_id, to)
+    if not check.ok:
+        raise CorruptSnapshotError(
+            f"backup {backup_id} does not verify: " + "; ".join(check.problems[:5])
+        )
+    if into is not None:
+        _claim_into(_fs.normalize_uri(into), backup_id, to)
+    graph = _graph(members)
+    # Each restored table's version and id as the restore left them (kept in its mark): a
+    # reader's offsets point past that version. Not the table's version now: after a
+    # killed restore the user may have started the upstream query already, and its new
+    # commits are exactly what the reader still has to read.
+    restored: dict[int, tuple[int, str]] = {}
+    out = []
+    for i in reversed(_downstream_first(graph) or []):  # upstream first
+        m, part = members[i], st.members[i].part
+        assert part is not None
+        chk, path = places[i]
+        reads = {s: places[u][1] for s, u in graph[i]}
+        mark = marks[i]
+        if mark is not None and _is_done(mark, mine):
+            restored[i] = (int(mark["table_version"]), str(mark["table_id"]))
+            out.append(Restored(m.checkpoint, chk, path, part.batch_id, reads))
+            continue
+        _clear_unfinished(chk, path, marks[i], mine, in_place)
+        _write_mark(chk, {**mine, "member": m.checkpoint, "done": False})
+        _fault(f"restore_after_mark:{i}")
+        offsets = list(part.details.get("source_offsets") or [])
+        for s, u in graph[i]:
+            offsets[s] = _next_version(*restored[u])
+        prepared = start_from_entry(
+            part,
+            chk,
+            path,
+            {
+                "from": m.checkpoint,
+                "backup": mine,
+                "reads": {str(s): p for s, p in reads.items()},
+            },
+            offsets=offsets,
+        )
+        _fault(f"restore_after_checkpoint:{i}")
+        restored[i] = _table_identity(path)
+        version, table_id = restored[i]
+        _write_mark(
+            chk,
+            {
+                **mine,
+                "member": m.checkpoint,
+                "done": True,
+                "table_version": version,
+                "table_id": table_id,
+            },
+        )
+        out.append(Restored(m.checkpoint, chk, path, prepared.batch_id, reads))
+        log.info("backup %d: restored %s into %s and %s", backup_id, m.checkpoint, chk, path)
+        _fault("exit_after_restore_part")
+        _fault(f"restore_after_member:{i}")
+    order = {m.checkpoint: k for k, m in enumerate(members)}
+    return sorted(out, key=lambda r: order[r.original])
+
+
+def _check_sources(members: Sequence[Member], st: BackupStatus, accept_message_loss: bool) -> None:
     for m, ms in zip(members, st.members, strict=True):
         for s, offset in enumerate(ms.source_offsets):
             d = _offset_dict(offset)
@@ -126,78 +220,108 @@ def restore(
                     "(txn-redis) is not supported yet: restart the original query from its "
                     "checkpoint"
                 )
-    check = verify(backup_id, to)
-    if not check.ok:
-        raise CorruptSnapshotError(
-            f"backup {backup_id} does not verify: " + "; ".join(check.problems[:5])
+
+
+def _read_mark(checkpoint: str) -> dict[str, Any] | None:
+    fs, root = _fs.filesystem(checkpoint)
+    try:
+        mark = json.loads(_fs.read_text(fs, _fs.join(root, *MEMBER_MARKER)))
+    except FileNotFoundError:
+        return None
+    return mark if isinstance(mark, dict) else None
+
+
+def _write_mark(checkpoint: str, mark: Mapping[str, Any]) -> None:
+    fs, root = _fs.filesystem(checkpoint)
+    path = _fs.join(root, *MEMBER_MARKER)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(path, "w") as f:
+        f.write(json.dumps(dict(mark)))
+
+
+def _is_ours(mark: Mapping[str, Any] | None, mine: Mapping[str, Any]) -> bool:
+    return mark is not None and all(mark.get(k) == v for k, v in mine.items())
+
+
+def _is_done(mark: Mapping[str, Any] | None, mine: Mapping[str, Any]) -> bool:
+    return _is_ours(mark, mine) and bool(mark and mark.get("done"))
+
+
+def _is_empty(uri: str) -> bool:
+    fs, root = _fs.filesystem(uri)
+    return not fs.exists(root) or (fs.isdir(root) and not fs.ls(root, detail=False))
+
+
+def _check_in_place(
+    m: Member, place: tuple[str, str], mark: Mapping[str, Any] | None, mine: Mapping[str, Any]
+) -> None:
+    """A member restored in place needs its checkpoint and target gone or empty (or this
+    restore's own unfinished work), and a record table of its own kept elsewhere gone
+    too: the restored sink has the original's id (same checkpoint location) and would
+    read the original's history as its own."""
+    chk, path = place
+    if _is_ours(mark, mine):
+        return  # this restore's own unfinished work: it is redone
+    if mark is not None:
+        raise ConfigError(
+            f"restore in place: {chk} holds the unfinished restore of backup "
+            f"{mark.get('backup_id')} (in {mark.get('to')}); finish that restore, or remove "
+            "it first"
         )
-    into_uri = _fs.normalize_uri(into)
+    places = [("checkpoint", chk), ("target table", path)]
+    inside = m.record_table is not None and _relation(m.record_table, chk) == "is inside"
+    if m.record_table is not None and not inside:
+        places.append(("record table", m.record_table))
+    for what, where in places:
+        if not _is_empty(where):
+            raise ConfigError(
+                f"restore in place: the {what} of query {m.checkpoint} ({where}) is not "
+                "empty. Stop the pipeline and move its checkpoints, target tables and "
+                "record tables away first (a restore in place never overwrites them), or "
+                "restore with --into into new locations"
+            )
+
+
+def _clear_unfinished(
+    chk: str, path: str, mark: Mapping[str, Any] | None, mine: Mapping[str, Any], in_place: bool
+) -> None:
+    """Remove what a killed run of this restore left of a member. In place, only behind
+    this restore's own mark (the places were checked empty before it wrote anything);
+    under ``into``, the whole folder is this restore's (its marker says so)."""
+    if in_place and not _is_ours(mark, mine):
+        return
+    for uri in (chk, path):
+        fs, root = _fs.filesystem(uri)
+        _fs.remove_tree(fs, root)
+
+
+def _claim_into(into_uri: str, backup_id: int, to: str) -> None:
+    """``into`` must be new, empty or an unfinished restore of this backup; its marker
+    says whose restore it is."""
     fs, root = _fs.filesystem(into_uri)
     marker_path = _fs.join(root, RESTORE_MARKER)
     if fs.exists(root) and fs.ls(root, detail=False):
-        marker = json.loads(fs.cat(marker_path)) if fs.exists(marker_path) else None
+        try:
+            marker = json.loads(_fs.read_text(fs, marker_path))
+        except FileNotFoundError:
+            marker = None
         if (
-            not marker
+            not isinstance(marker, dict)
             or marker.get("backup_id") != backup_id
             or marker.get("to") != _fs.normalize_uri(to)
         ):
             raise ConfigError(
-                f"into={into!r}: must be a new or empty directory (or an unfinished restore "
-                f"of backup {backup_id})"
+                f"into={into_uri!r}: must be a new or empty directory (or an unfinished "
+                f"restore of backup {backup_id})"
             )
-    else:
-        fs.makedirs(root, exist_ok=True)
-        with fs.open(marker_path, "w") as f:
-            f.write(json.dumps({"backup_id": backup_id, "to": _fs.normalize_uri(to)}))
-    graph = _graph(members)
-    paths = {i: _fs.join(into_uri, f"part-{i}", "table") for i in range(len(members))}
-    # Each restored table's version as the restore left it (kept in its done file): a
-    # reader's offsets point past it. Not the table's version now: after a killed restore
-    # the user may have started the upstream query already, and its new commits are
-    # exactly what the reader still has to read.
-    restored_version: dict[int, int] = {}
-    out = []
-    for i in reversed(_downstream_first(graph) or []):  # upstream first
-        m, ms = members[i], st.members[i]
-        base = _fs.join(into_uri, f"part-{i}")
-        chk, path = _fs.join(base, "checkpoint"), paths[i]
-        reads = {s: paths[u] for s, u in graph[i]}
-        done_path = _fs.join(root, f"part-{i}", DONE_FILE)
-        if fs.exists(done_path):
-            done = json.loads(fs.cat(done_path))
-            if "table_version" not in done:
-                raise BackupError(
-                    f"restore of backup {backup_id} into {into!r}: part {i} was restored "
-                    "by an older pyspark-txn that did not record its table's version; "
-                    "restore into a new location"
-                )
-            restored_version[i] = int(done["table_version"])
-            out.append(Restored(m.checkpoint, chk, path, int(ms.batch_id or 0), reads))
-            continue
-        for sub in ("checkpoint", "table"):
-            p = _fs.join(root, f"part-{i}", sub)
-            if fs.exists(p):
-                fs.rm(p, recursive=True)  # an unfinished earlier run of this restore
-        prepared = snapshots.prepare_query(
-            m.checkpoint, part_name(backup_id, _catalog_id(dt)), chk, path
-        )
-        if reads:
-            _rewrite_offsets(
-                chk,
-                prepared.batch_id,
-                {s: _next_version(restored_version[u]) for s, u in graph[i]},
-            )
-        restored_version[i] = _table_version(path)
-        done = Restored(m.checkpoint, chk, path, prepared.batch_id, reads).to_json()
-        with fs.open(done_path, "w") as f:
-            f.write(json.dumps({**done, "table_version": restored_version[i]}))
-        out.append(Restored(m.checkpoint, chk, path, prepared.batch_id, reads))
-        _fault("exit_after_restore_part")
-    order = {m.checkpoint: k for k, m in enumerate(members)}
-    return sorted(out, key=lambda r: order[r.original])
+        return
+    fs.makedirs(root, exist_ok=True)
+    with fs.open(marker_path, "w") as f:
+        f.write(json.dumps({"backup_id": backup_id, "to": _fs.normalize_uri(to)}))
+    _fault("restore_after_into_marker")
 
 
-def _check_into(into: str, to: str, members: list[Member], st: Any) -> None:
+def _check_into(into: str, to: str, members: list[Member], st: BackupStatus) -> None:
     """``into`` may not be, lie inside or contain the backup location, a member's target,
     checkpoint or record table, or a part: a later ``delete`` of the backup (or of a
     member's snapshots) would remove the restored pipeline with it, and a restore around
@@ -209,10 +333,9 @@ def _check_into(into: str, to: str, members: list[Member], st: Any) -> None:
     for m, ms in zip(members, st.members, strict=True):
         places.append((f"the target of query {m.checkpoint}", m.target))
         places.append((f"the checkpoint of query {m.checkpoint}", m.checkpoint))
-        # an unreadable sink fails here, before anything is written (the restore needs
-        # its registry anyway)
-        record_table = open_sink(m.checkpoint).record_table
-        places.append((f"the record table of query {m.checkpoint}", record_table))
+        record_table = m.record_table or _live_record_table(m.checkpoint)
+        if record_table is not None:
+            places.append((f"the record table of query {m.checkpoint}", record_table))
         if ms.location:
             places.append((f"the part of query {m.checkpoint}", ms.location))
     for what, where in places:
@@ -224,27 +347,24 @@ def _check_into(into: str, to: str, members: list[Member], st: Any) -> None:
             )
 
 
-def _table_version(table: str) -> int:
+def _live_record_table(checkpoint: str) -> str | None:
+    """A member's record table where the backup predates keeping it: from the live sink,
+    if it is still there (after a disaster it is not, and nothing is left to protect)."""
+    try:
+        return open_sink(checkpoint).record_table
+    except Exception as e:  # noqa: BLE001 - gone with the pipeline: nothing to keep apart
+        log.info("restore: the sink of %s cannot be read (%s)", checkpoint, e)
+        return None
+
+
+def _table_identity(table: str) -> tuple[int, str]:
     from deltalake import DeltaTable
 
-    return DeltaTable(table, storage_options=current().for_delta()).version()
+    dt = DeltaTable(table, storage_options=current().for_delta())
+    return dt.version(), str(dt.metadata().id)
 
 
-def _next_version(version: int) -> dict[str, Any]:
-    """The txn-delta source offset that reads on after everything of ``version``."""
-    return {"index": 0, "snapshot": False, "version": version + 1}
-
-
-def _rewrite_offsets(checkpoint: str, batch: int, new: Mapping[int, Mapping[str, Any]]) -> None:
-    """Point the restored checkpoint's ``txn-delta`` offsets at the restored upstream
-    tables: everything of the part's version is read, the next version comes next."""
-    fs, root = _fs.filesystem(_fs.normalize_uri(checkpoint))
-    for b in (batch - 1, batch):
-        path = _fs.join(root, "offsets", str(b))
-        if b < 0 or not fs.exists(path):
-            continue
-        lines = fs.cat(path).decode().split("\n")
-        for s, offset in new.items():
-            lines[2 + s] = json.dumps(dict(offset), sort_keys=True)
-        with fs.open(path, "w") as f:
-            f.write("\n".join(lines))
+def _next_version(version: int, table_id: str) -> dict[str, Any]:
+    """The txn-delta source offset that reads on after everything of ``version`` of the
+    table ``table_id``."""
+    return {"index": 0, "snapshot": False, "tableId": table_id, "version": version + 1}

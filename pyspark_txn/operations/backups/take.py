@@ -26,7 +26,6 @@ from .catalog import (
     _event,
     _events,
     _fault,
-    _is_ours,
     _now,
     _open_catalog,
     _owner,
@@ -38,6 +37,7 @@ from .catalog import (
     check_id,
     part_name,
 )
+from .parts import catalog_parts, completed_event, live_part
 from .plan import (
     Member,
     _downstream_first,
@@ -140,10 +140,27 @@ def _allocate(
         if chosen <= highest:
             events = _events(rows, chosen)
             started = _started(rows, chosen)
-            ended = {r["event"] for r in events} & {"failed", "deleted", "completed"}
+            ended = {r["event"] for r in events} & {
+                "failed",
+                "deleted",
+                "delete_started",
+                "completed",
+            }
             if started is None or ended:
                 # the last word on it: deleted over failed over completed
-                last = next((e for e in ("deleted", "failed", "completed") if e in ended), None)
+                last = next(
+                    (
+                        word
+                        for e, word in (
+                            ("deleted", "deleted"),
+                            ("delete_started", "being deleted"),
+                            ("failed", "failed"),
+                            ("completed", "completed"),
+                        )
+                        if e in ended
+                    ),
+                    None,
+                )
                 raise ConfigError(
                     f"backup id {chosen}: ids must grow and are never reused; the highest so "
                     f"far in {to} is {highest}" + (f" (backup {chosen} is {last})" if last else "")
@@ -187,12 +204,24 @@ def _take(
     to: str, backup_id: int, members: list[Member], ups: Any, spark: SparkSession | None
 ) -> BackupStatus:
     dt = _open_catalog(to)
-    name = part_name(backup_id, _catalog_id(dt))
+    catalog_id = _catalog_id(dt)
+    name = part_name(backup_id, catalog_id)
+    recorded = catalog_parts(_events(_rows(dt), backup_id))
     done = {}
     for i, m in enumerate(members):
-        registry = {n.name: n for n in snapshots.list_snapshots(m.checkpoint)}
-        if name in registry and _is_ours(registry[name].location, to):
-            done[i] = registry[name]
+        entry = recorded.get(m.checkpoint)
+        if entry is None:  # registered by a taker that died before the catalog heard of it
+            live = live_part(m, name, to)
+            if live.unreadable is not None:
+                raise BackupError(
+                    f"backup {backup_id}: the sink of {m.checkpoint} cannot be read now "
+                    f"({live.unreadable}); take the same id again to resume"
+                )
+            entry = live.entry
+            if entry is not None:
+                _append(dt, [completed_event(backup_id, m, entry)])
+        if entry is not None:
+            done[i] = entry
     try:
         pins = _plan(members, ups, done)
     except (BackupError, ConfigError) as e:
@@ -205,10 +234,10 @@ def _take(
         snapshot_id, version = pins[i]
         _append(dt, [_event(backup_id, "member_started", m.checkpoint, {"snapshot": snapshot_id})])
         try:
-            snapshots.export(
+            entry = snapshots.export(
                 m.checkpoint,
                 name,
-                _part_location(to, backup_id, i, _catalog_id(dt)),
+                _part_location(to, backup_id, i, catalog_id),
                 snapshot_id,
                 spark=spark,
                 replace_unfinished=False,
@@ -226,6 +255,9 @@ def _take(
                 f"backup {backup_id}: the part of {m.checkpoint} (version {version} of "
                 f"{m.target}) could not be taken: {_backup_advice(str(e))}"
             ) from e
+        _fault("exit_after_register")
+        # the part's whole entry in the backup location: restorable without the sink
+        _append(dt, [completed_event(backup_id, m, entry)])
         _fault("exit_after_part")
     result = status(backup_id, to)
     if result.state == COMPLETED:
