@@ -85,6 +85,14 @@ class TargetGoneError(CheckpointMismatchError):
     """
 
 
+class TargetChangedError(TxnError):
+    """The target changed after a batch's record was written (another engine added a
+    CHECK constraint its rows break, a table feature, a schema change), so phase 2
+    cannot commit the batch's files. Nothing was committed; retrying cannot change it:
+    the record stays pending until the change is undone or ``pyspark-txn abandon``
+    withdraws it."""
+
+
 class UnsupportedFormatVersion(TxnError):
     """A record was written by a newer pyspark-txn than this one."""
 

@@ -4,7 +4,9 @@ Phase 2 commits the staged files' add actions together with
 ``txn(appId=sink id, version=batch id)`` on the same ``DeltaTable`` snapshot it
 checked, so a replay is a no-op (``committed version >= batch id``) and two
 racing phase 2s cannot both land. delta-rs validates nothing about the files
-it is given, so files and schema are checked here before anything commits.
+it is given, so files and schema are checked here before the record, and the
+table phase 2 commits on is checked again (:mod:`.delta_recheck`): someone may
+have changed it since.
 
 Over ~700 lines on purpose: it is one class whose methods share the table it opens
 and what it checked; its schema rules are in :mod:`.delta_target_schema`.
@@ -12,11 +14,10 @@ and what it checked; its schema rules are in :mod:`.delta_target_schema`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import CheckpointMismatchError, ConfigError, CorruptSnapshotError, TargetGoneError
@@ -27,11 +28,15 @@ from ..storage.delta_tables import (
     note_own_commit,
     open_table,
     read_commit_actions,
+    read_table,
 )
 from ..storage.options import StorageOptions
+from .delta_recheck import refuse_changed_table
 from .delta_target_schema import (  # noqa: F401 (re-exported: callers import them from here)
     CDF_COLUMNS,
     as_nullable,
+    batch_nulls,
+    cdf_reserved,
     check_table_features,
     check_writable_schema,
     schema_drift,
@@ -97,12 +102,22 @@ class DeltaTarget(Target):
         ago, for checks that the phase 2 commit makes again on a fresh one."""
         return open_table(self.uri, self.storage_options, refresh=refresh)
 
+    def _app_version_in(self, sink_id: str, refresh: bool = True) -> tuple[Any, int | None]:
+        """The table and ``sink_id``'s app version in it. A cached table whose log files
+        another writer has cleaned up since is opened afresh (storage.delta_tables)."""
+        return read_table(
+            self.uri,
+            self.storage_options,
+            lambda dt: _app_version(dt, self.uri, sink_id, self.storage_options),
+            refresh=refresh,
+        )
+
     def committed_batch(self, sink_id: str) -> int | None:
-        return _app_version(self.open(), self.uri, sink_id, self.storage_options)
+        return self._app_version_in(sink_id)[1]
 
     def committed_batch_recent(self, sink_id: str) -> int | None:
         # a deleted or re-created table is not the cached one
-        return _app_version(self.open(refresh=False), self.uri, sink_id, self.storage_options)
+        return self._app_version_in(sink_id, refresh=False)[1]
 
     def location(self) -> str:
         return f"the table at {self.uri}"
@@ -123,14 +138,13 @@ class DeltaTarget(Target):
         if dt is None and not local:
             self._refuse_file_root()
         config = self.table_properties if dt is None else dt.metadata().configuration or {}
-        if str(config.get("delta.enableChangeDataFeed", "")).lower() == "true":
-            reserved = sorted(set(stream_schema.names) & CDF_COLUMNS)
-            if reserved:
-                raise ConfigError(
-                    f"the Delta table at {self.uri} has delta.enableChangeDataFeed=true, which "
-                    f"reserves the column names {sorted(CDF_COLUMNS)}; the stream has "
-                    f"{reserved}: rename them (the change feed could not be read otherwise)"
-                )
+        reserved = cdf_reserved(config, stream_schema.names)
+        if reserved:
+            raise ConfigError(
+                f"the Delta table at {self.uri} has delta.enableChangeDataFeed=true, which "
+                f"reserves the column names {sorted(CDF_COLUMNS)}; the stream has "
+                f"{reserved}: rename them (the change feed could not be read otherwise)"
+            )
         if dt is None:  # partition columns were checked against the stream by the options
             self._check_no_foreign_files()
             self._check_writable()
@@ -292,8 +306,7 @@ class DeltaTarget(Target):
                 continue
             if _marker_task_attempt(name) in done_attempts:
                 continue
-            with self.fs.open(self._abs(rel), "r") as f:
-                folders.add(f.read())
+            folders.add(_fs.read_text(self.fs, self._abs(rel)))
         root = self.root.rstrip("/") + "/"
         for folder in folders:
             path = self._abs(folder) if folder else self.root
@@ -358,6 +371,14 @@ class DeltaTarget(Target):
             return f"{t.handle} (expected {t.rows} rows, its footer says {rows})"
         return None
 
+    def _staged_rows(self, t: TxnHandle):
+        """One staged file's rows (phase 2 reads them only to evaluate a CHECK
+        constraint added after the record)."""
+        import pyarrow.parquet as pq
+
+        with self.fs.open(self._abs(t.handle), "rb") as f:
+            return pq.read_table(f)
+
     def discard(self, snapshot_id: int, token: str, keep: Iterable[str] = ()) -> None:
         keep = set(keep)
         own: list[str] = []
@@ -378,10 +399,7 @@ class DeltaTarget(Target):
         # folders of Spark's output, its _temporary/ included).
         for folder in own:
             if not any(k.startswith(folder + "/") for k in keep):
-                try:
-                    self.fs.rm(self._abs(folder), recursive=True)
-                except FileNotFoundError:  # (an object store: its files are gone)
-                    pass
+                _fs.remove_tree(self.fs, self._abs(folder))
 
     def forget(self, snapshot_id: int, token: str) -> None:
         markers = [
@@ -423,13 +441,10 @@ class DeltaTarget(Target):
         version now and the sink's batch in it (lower bounds both: an older copy is fine;
         phase 2's commit will be above them). Phase 2 refuses a table below either:
         deleted, re-created, or put back to an older copy."""
-        dt = self.open(refresh=False)
+        dt, batch = self._app_version_in(self.sink_id, refresh=False)
         if dt is None:
             return {"base_version": None}
-        return {
-            "base_version": dt.version(),
-            "base_batch": _app_version(dt, self.uri, self.sink_id, self.storage_options),
-        }
+        return {"base_version": dt.version(), "base_batch": batch}
 
     def preflight(self, record: SnapshotRecord) -> None:
         """What phase 2 would refuse, found before the record is written."""
@@ -440,19 +455,12 @@ class DeltaTarget(Target):
             return
         self.check_stream_schema(stream_schema, bool(record.target.get("merge_schema")))
         not_null = [f.name for f in table_arrow_schema(dt) if not f.nullable]
-        if not_null:
-            nulls: dict[str, int] = {}
-            for t in record.txns:
-                counts = json.loads(t.meta.get("stats") or "{}").get("nullCount", {})
-                for c in not_null:
-                    n = counts.get(c)
-                    if isinstance(n, int) and n > 0:
-                        nulls[c] = nulls.get(c, 0) + n
-            if nulls:
-                raise ConfigError(
-                    f"the Delta table at {self.uri} declares {sorted(nulls)} NOT NULL, but "
-                    f"batch {record.batch_id} has nulls there ({nulls}); nothing was committed"
-                )
+        nulls = batch_nulls(not_null, record.txns)
+        if nulls:
+            raise ConfigError(
+                f"the Delta table at {self.uri} declares {sorted(nulls)} NOT NULL, but "
+                f"batch {record.batch_id} has nulls there ({nulls}); nothing was committed"
+            )
 
     def check_new_sink(self, sink_id: str, query_id: str | None, depth: int = 1000) -> None:
         """A sink with no history must not continue a query another sink wrote for."""
@@ -477,8 +485,7 @@ class DeltaTarget(Target):
     def _held(self, batch_id: int):
         """The table (None if there is none yet) and the version of this sink's app
         transaction when it already holds ``batch_id`` (None: not committed yet)."""
-        dt = self.open()
-        done = _app_version(dt, self.uri, self.sink_id, self.storage_options)
+        dt, done = self._app_version_in(self.sink_id)
         return dt, (done if done is not None and done >= batch_id else None)
 
     def commit(self, record: SnapshotRecord) -> int | None:
@@ -504,6 +511,10 @@ class DeltaTarget(Target):
                 "query_id": record.query_id or "",
                 "record_id": record.record_id,
             },
+            # the table may have changed since the record: checked on the one committed to
+            lambda table: refuse_changed_table(
+                table, record, uri=self.uri, sink_id=self.sink_id, read_rows=self._staged_rows
+            ),
         )
         if dt is None:
             return 0
@@ -603,9 +614,12 @@ class DeltaTarget(Target):
         txns: Sequence[TxnHandle],
         target_meta: Mapping[str, Any],
         stamps: Mapping[str, Any],
+        recheck: Callable[[Any], None] | None = None,
     ):
         """One Delta commit adding ``txns`` with the sink's app transaction, creating
-        the table (or adding merged columns) as the stream's schema says.
+        the table (or adding merged columns) as the stream's schema says. ``recheck``
+        is given the table the commit is built on, before anything is written to it
+        (phase 2 of a record: :func:`.delta_recheck.refuse_changed_table`).
 
         Returns None when this commit created the table (as version 0), else the
         table it appended to. Creation is a race one writer wins: version 0 is
@@ -662,6 +676,8 @@ class DeltaTarget(Target):
                     e,
                 )
             self._check_table_against(dt, stream_schema, bool(target_meta.get("merge_schema")))
+        if recheck is not None:
+            recheck(dt)
         added, _ = schema_drift(table_arrow_schema(dt), stream_schema)
         if added and target_meta.get("merge_schema"):
             from deltalake.schema import Field

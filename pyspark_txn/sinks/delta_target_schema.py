@@ -105,6 +105,28 @@ def _nullable_type(t):
 CDF_COLUMNS = frozenset({"_change_type", "_commit_version", "_commit_timestamp"})
 
 
+def cdf_reserved(config: Mapping[str, str], names) -> list[str]:
+    """The column ``names`` a table with the change data feed on reserves for itself."""
+    if str(config.get("delta.enableChangeDataFeed", "")).lower() != "true":
+        return []
+    return sorted(set(names) & CDF_COLUMNS)
+
+
+def batch_nulls(columns, txns) -> dict[str, int]:
+    """Nulls the staged files' statistics count in ``columns`` (a table's NOT NULL
+    ones), by column; a file whose statistics give no count for one counts none."""
+    nulls: dict[str, int] = {}
+    if not columns:
+        return nulls
+    for t in txns:
+        counts = json.loads(t.meta.get("stats") or "{}").get("nullCount", {})
+        for c in columns:
+            n = counts.get(c)
+            if isinstance(n, int) and n > 0:
+                nulls[c] = nulls.get(c, 0) + n
+    return nulls
+
+
 def check_writable_schema(schema) -> None:
     """Refuse what Delta cannot store, by column name, before anything is staged."""
     import pyarrow as pa
@@ -185,34 +207,58 @@ def check_table_features(dt, uri: str) -> None:
     columns, column mapping (files would need physical names), and writer
     features this sink does not know.
     """
-    config = dt.metadata().configuration or {}
-    constraints = sorted(
-        k[len("delta.constraints.") :] for k in config if k.startswith("delta.constraints.")
-    )
+    constraints = sorted(check_constraints(dt))
     if constraints:
         raise ConfigError(
             f"the Delta table at {uri} has CHECK constraints {constraints}, which txn-delta "
             "cannot enforce yet; drop them or write through a sink that enforces them"
         )
-    mode = config.get("delta.columnMapping.mode", "none")
+    mode = column_mapping_mode(dt)
     if mode != "none":
         raise ConfigError(
             f"the Delta table at {uri} uses column mapping (mode {mode!r}), which txn-delta "
             "cannot write yet"
         )
-    for path, key in _rule_metadata(json.loads(dt.schema().to_json())):
+    for path, key in rule_columns(dt):
         what = _COLUMN_RULES[key]
         raise ConfigError(
             f"column {path!r} of the Delta table at {uri} is {what} ({key}), which txn-delta "
             "cannot honour yet; write to a table without it"
         )
-    protocol = dt.protocol()
-    unknown = sorted(set(protocol.writer_features or ()) - _KNOWN_WRITER_FEATURES)
+    unknown = unknown_writer_features(dt)
     if unknown:
         raise ConfigError(
             f"the Delta table at {uri} needs writer features {unknown} that txn-delta does "
             "not support"
         )
+
+
+def check_constraints(dt) -> dict[str, str]:
+    """The table's CHECK constraints: name -> expression (Spark SQL, as Delta keeps it)."""
+    config = dt.metadata().configuration or {}
+    prefix = "delta.constraints."
+    return {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
+
+
+def column_mapping_mode(dt) -> str:
+    return (dt.metadata().configuration or {}).get("delta.columnMapping.mode", "none")
+
+
+def rule_columns(dt) -> list[tuple[str, str]]:
+    """(column path, metadata key) of every column that carries a writer rule
+    (generated, identity, legacy invariant)."""
+    return list(_rule_metadata(json.loads(dt.schema().to_json())))
+
+
+def rule_name(key: str) -> str:
+    """What a column rule of :func:`rule_columns` makes a column, in words."""
+    return _COLUMN_RULES[key]
+
+
+def unknown_writer_features(dt, also_known: frozenset[str] = frozenset()) -> list[str]:
+    """The table's writer features this sink does not honour (besides ``also_known``)."""
+    features = set(dt.protocol().writer_features or ())
+    return sorted(features - _KNOWN_WRITER_FEATURES - also_known)
 
 
 _COLUMN_RULES = {

@@ -27,6 +27,11 @@ Safety rules:
   might as well have held on to the object, and the opens that must see the
   latest commit (``refresh=True``) still check. A commit step opened the target
   six times and the record table twice, each check a request on an object store.
+- A cached object made from commit files reads them again for some answers
+  (``transaction_version`` replays its log segment), and another writer may
+  have checkpointed the table and cleaned those files up since (its log
+  retention elapsed): :func:`read_table` then forgets the object and opens the
+  table afresh from its latest checkpoint, once.
 - On S3 and GCS that check is one LIST of ``_delta_log`` from that commit file
   on (``start-after``; through obstore, configured from the same delta-rs
   options), which also says whether anything is newer: a table with nothing
@@ -46,13 +51,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from . import fs as _fs
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _LOCAL = threading.local()
 
@@ -275,6 +282,41 @@ def open_table(
         marker_now = _commit_file_marker(uri, dt.version(), options)
     cache[key] = (dt, marker_now, time.monotonic(), base)
     return dt
+
+
+def log_file_gone(error: BaseException) -> bool:
+    """Whether ``error`` (delta-rs's, or a store's) says a file of a ``_delta_log`` is
+    missing: "Kernel error: File not found: .../_delta_log/...json" on a local disk,
+    "Object at location .../_delta_log/... not found" on an object store."""
+    text = str(error)
+    return "_delta_log" in text and (_fs.is_not_found(error) or "not found" in text.lower())
+
+
+def read_table(
+    uri: str,
+    storage_options: Mapping[str, str] | None,
+    read: Callable[[Any], T],
+    *,
+    refresh: bool = True,
+) -> tuple[Any, T]:
+    """``(table, read(table))`` for :func:`open_table`'s table (None if there is none).
+
+    A cached object made from commit files reads them again for some answers
+    (delta-rs's ``transaction_version`` replays its log segment). Another writer may
+    have checkpointed the table and cleaned those files up since; the object is then
+    forgotten and the table opened afresh from its latest checkpoint, once: a second
+    failure is raised as it is.
+    """
+    dt = open_table(uri, storage_options, refresh=refresh)
+    try:
+        return dt, read(dt)
+    except Exception as e:
+        if dt is None or not log_file_gone(e):
+            raise
+        log.info("Delta table %s: reopened, a log file this copy read is gone (%s)", uri, e)
+    forget_table(uri, storage_options)
+    dt = open_table(uri, storage_options, refresh=True)
+    return dt, read(dt)
 
 
 def read_commit(fs: Any, root: str, version: int) -> list[dict[str, Any]]:
