@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import sys
 
-from ..operations.handle import DELTA, POSTGRES, target_terms
+from ..operations.handle import (
+    DELTA,
+    POSTGRES,
+    describe_not_started,
+    describe_origin,
+    target_terms,
+)
 from ..operations.repair import SnapshotStatus
+from ..operations.status import LightSinkStatus, NotStartedStatus
 
 
 def describe(status: SnapshotStatus) -> list[str]:
@@ -101,3 +108,89 @@ def named_lines(n) -> list[str]:
 
 def request_json(r) -> dict:
     return {**r.to_json(), "state": "requested"}
+
+
+def _ago(seconds: float | None) -> str:
+    return "" if seconds is None else f", {seconds:.0f} s ago"
+
+
+def light_status_lines(status: LightSinkStatus) -> list[str]:
+    """``pyspark-txn status`` of a mode=light sink."""
+    d = status.to_json()
+    verdict = "healthy" if status.healthy else "NEEDS ATTENTION"
+    lines = [f"sink {status.sink_id} (mode=light): {verdict}"]
+    if status.started_from is not None:
+        started = status.started_from
+        lines.append(f"  {describe_origin(started)} at batch {started.get('batch_id')}")
+    if status.last_commit is not None:
+        query = f", query {d['last_query_id']}" if d["last_query_id"] else ""
+        lines.append(
+            f"  last batch {d['last_batch']} committed {d['last_committed_at']}"
+            f"{_ago(status.lag_seconds)} (table version {d['last_version']}{query})"
+        )
+    elif status.target_batch is not None:
+        lines.append(
+            f"  last batch {status.target_batch} (the table's app transaction; none of its "
+            "last 1,000 commits is this sink's, so when is not known)"
+        )
+    planned, committed = status.spark_planned_batch, status.spark_committed_batch
+    if planned is None:
+        lines.append("  Spark's checkpoint: no batch planned yet")
+    else:
+        age = status.planned_seconds_ago
+        lines.append(
+            f"  Spark's checkpoint: batch {planned} planned"
+            + ("" if age is None else f" {age:.0f} s ago")
+            + ", "
+            + ("no batch committed" if committed is None else f"batch {committed} committed")
+        )
+    uri = status.target_uri
+    if uri is None:
+        lines.append(
+            "  target: not known: a mode=light checkpoint does not name its Delta table; "
+            "pass --target URI to see the batches it holds"
+        )
+    elif status.target_error:
+        lines.append(f"  target {uri}: cannot be read: {status.target_error}")
+    elif not status.target_exists:
+        lines.append(f"  target {uri}: no table")
+    else:
+        lines.append(
+            f"  target {uri}: version {status.target_version}, {holds(status.target_batch)}"
+        )
+    lines += [f"  {note}" for note in status.notes]
+    lines += [f"  problem: {problem}" for problem in status.problems]
+    lines.append(
+        "  a light sink keeps no record table: records, stuck, abandon, verify and named "
+        "snapshots do not apply to it (docs/modes.md)"
+    )
+    return lines
+
+
+def not_started_lines(status: NotStartedStatus) -> list[str]:
+    """``pyspark-txn status`` of a checkpoint made by prepare-query or a restore, before
+    its query's first commit."""
+    started = status.started_from
+    head = (
+        f"checkpoint {status.checkpoint}: {status.origin}, "
+        f"{describe_not_started(status.next_batch, status.sink_id is not None)}"
+    )
+    lines = [head if status.healthy else f"{head}; NEEDS ATTENTION"]
+    version = started.get("target_version")
+    lines.append(
+        f"  snapshot {started.get('name')!r} of {started.get('from') or 'a query'}: batch "
+        f"{started.get('batch_id')}"
+        + ("" if version is None else f", table version {version}")
+        + (f", created {started['created_at']}" if started.get("created_at") else "")
+    )
+    planned, committed = status.spark_planned_batch, status.spark_committed_batch
+    lines.append(
+        "  Spark's checkpoint: "
+        + ("no batch planned" if planned is None else f"batch {planned} planned")
+        + ", "
+        + ("no batch committed" if committed is None else f"batch {committed} committed")
+    )
+    if status.sink_id is not None:
+        lines.append(f"  sink {status.sink_id} (mode={status.mode}): no batch committed yet")
+    lines += [f"  problem: {problem}" for problem in status.problems]
+    return lines

@@ -10,6 +10,7 @@ import shlex
 from .. import storage
 from ..operations.handle import (
     POSTGRES,
+    describe_origin,
     describe_target,
     find_record_table,
     recorded_target,
@@ -17,10 +18,16 @@ from ..operations.handle import (
     target_kind,
     target_terms,
 )
-from ..operations.status import sink_status
+from ..operations.status import (
+    DEFAULT_STALE_AFTER_S,
+    LightSinkStatus,
+    NotStartedStatus,
+    SinkStatus,
+    location_status,
+)
 from ..state import allocated_ids
-from .args import LOCATION_HELP, open_handle, sink_arguments, storage_argument, target_arguments
-from .render import describe, holds
+from .args import LOCATION_HELP, sink_arguments, storage_argument, target_arguments
+from .render import describe, holds, light_status_lines, not_started_lines
 
 
 def _print_records(record_table: str, sink: str | None = None) -> None:
@@ -95,17 +102,36 @@ def cmd_records(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status = sink_status(open_handle(args))
-    d = status.to_json()
+    status = location_status(
+        args.location,
+        args.sink,
+        target_uri=args.target,
+        url=args.url,
+        password_file=args.password_file,
+        stale_after_s=args.stale_after,
+    )
     if args.json:
-        print(json.dumps(d, indent=2))
-        return 0 if status.healthy else 1
+        print(json.dumps(status.to_json(), indent=2))
+    elif isinstance(status, LightSinkStatus):
+        print("\n".join(light_status_lines(status)))
+    elif isinstance(status, NotStartedStatus):
+        print("\n".join(not_started_lines(status)))
+    else:
+        _print_sink_status(status, args)
+    return 0 if status.healthy else 1
+
+
+def _print_sink_status(status: SinkStatus, args: argparse.Namespace) -> None:
+    d = status.to_json()
     verdict = "healthy" if status.healthy else "NEEDS ATTENTION"
     if status.healthy and status.open_attempts:
         verdict = "healthy, with a batch in flight or left unfinished"
     elif status.healthy and status.open_exports:
         verdict = "healthy, with an export running or left unfinished"
     print(f"sink {d['sink_id']}: {verdict}")
+    started = status.started_from
+    if started is not None:
+        print(f"  {describe_origin(started)} at batch {started.get('batch_id')}")
     if status.failed_attempt:
         print(
             f"  failed: Spark planned batch {d['spark_planned_batch']}, but its last attempt "
@@ -187,7 +213,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s in status.stuck:
         print("  stuck: " + "\n    ".join(describe(s)))
         print(f"    see: pyspark-txn stuck {shlex.quote(args.location)}")
-    return 0 if status.healthy else 1
 
 
 def add_parsers(sub) -> None:
@@ -204,10 +229,39 @@ def add_parsers(sub) -> None:
         "target and Spark "
         "checkpoint, without Spark: the last recorded batch and how long ago, what the "
         "target holds, the run holding the sink, the record table's size, and any snapshot "
-        "whose phase 2 never completed. Safe while the query runs.",
-        epilog="exit status: 0 healthy, 1 needs attention (stuck snapshot or unreadable "
-        "target), 2 error",
+        "whose phase 2 never completed. A mode=light sink (no record table): its last "
+        "batch from its Delta table's history (--target) and Spark's checkpoint. A "
+        "checkpoint made by snapshots prepare-query or backups restore: where it came from "
+        "and its next batch. Safe while the query runs.",
+        epilog="exit status: 0 healthy, 1 needs attention (stuck snapshot, unreadable "
+        "target, a light sink's batch planned and not written for --stale-after seconds), "
+        "2 error",
     )
     sink_arguments(p)
     target_arguments(p)
+    p.add_argument(
+        "--target",
+        metavar="URI",
+        help="the sink's Delta table: a mode=light checkpoint does not name it (without "
+        "it, only Spark's checkpoint is shown); for other sinks it replaces the one their "
+        "records name",
+    )
+    p.add_argument(
+        "--stale-after",
+        metavar="SECONDS",
+        type=_seconds,
+        default=DEFAULT_STALE_AFTER_S,
+        help="mode=light: a batch Spark planned and the table does not hold after this "
+        f"long needs attention (default {DEFAULT_STALE_AFTER_S:.0f})",
+    )
     p.set_defaults(func=cmd_status)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value

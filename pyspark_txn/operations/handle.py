@@ -5,7 +5,9 @@ operation starts here; nothing needs a SparkSession."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,7 +22,7 @@ from ..spark.options import check_location
 from ..state import DeltaEventLog, EventKind, RecordStore, SinkState
 from ..state.events import arrow_schema as record_table_schema
 from ..storage import fs as _fs
-from ..storage.checkpoint import RECORDS_DIR, read_sink_file
+from ..storage.checkpoint import RECORDS_DIR, latest_batch, read_sink_file
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,53 @@ def _is_record_table(uri: str, storage_options: Mapping[str, str] | None) -> boo
     return True
 
 
+def location_uri(location: str) -> str:
+    """The normalized URI of a location a command was given (a checkpoint or a record
+    table), refused by name when it is empty, unusable or a local file."""
+    if not location.strip():
+        raise ConfigError("the location is empty: give a checkpoint location or a record table")
+    check_location("location", location)
+    uri = _fs.normalize_uri(location)
+    if _fs.is_local(uri):
+        _refuse_a_file(location, _nearest_existing(uri))
+    return uri
+
+
+def _nearest_existing(path: str) -> str:
+    """``path`` or its nearest ancestor that exists (a file there hides the rest)."""
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def _refuse_a_file(location: str, file: str) -> None:
+    if not os.path.isfile(file):
+        return
+    where = location if _fs.normalize_uri(location) == file else f"{location}: {file}"
+    raise ConfigError(
+        f"{where} is a file, not a checkpoint location or record table: give the query's "
+        "checkpointLocation (a folder) or its record table"
+    )
+
+
+def locate_record_table(
+    location: str, storage_options: Mapping[str, str] | None = None
+) -> tuple[str, str | None] | None:
+    """``(record table URI, checkpoint URI or None)`` for a checkpoint or record table;
+    None where there is no record table (see :func:`find_record_table`)."""
+    uri = location_uri(location)
+    candidate = _fs.join(uri, *RECORDS_DIR)
+    if _is_record_table(candidate, storage_options):
+        return candidate, uri
+    kept = _kept_record_table(uri)
+    if kept is not None and _is_record_table(kept, storage_options):
+        return kept, uri  # a checkpoint whose sink keeps its records elsewhere
+    if _is_record_table(uri, storage_options):
+        suffix = "/" + "/".join(RECORDS_DIR)
+        return uri, (uri[: -len(suffix)] if uri.endswith(suffix) else None)
+    return None
+
+
 def find_record_table(
     location: str, storage_options: Mapping[str, str] | None = None
 ) -> tuple[str, str | None]:
@@ -60,19 +109,11 @@ def find_record_table(
     first: a copied checkpoint must never act on the original's history. A
     record table given directly at the default place also yields its checkpoint.
     """
-    if not location.strip():
-        raise ConfigError("the location is empty: give a checkpoint location or a record table")
-    check_location("location", location)
+    found = locate_record_table(location, storage_options)
+    if found is not None:
+        return found
     uri = _fs.normalize_uri(location)
     candidate = _fs.join(uri, *RECORDS_DIR)
-    if _is_record_table(candidate, storage_options):
-        return candidate, uri
-    kept = _kept_record_table(uri)
-    if kept is not None and _is_record_table(kept, storage_options):
-        return kept, uri  # a checkpoint whose sink keeps its records elsewhere
-    if _is_record_table(uri, storage_options):
-        suffix = "/" + "/".join(RECORDS_DIR)
-        return uri, (uri[: -len(suffix)] if uri.endswith(suffix) else None)
     try:
         kept_file = read_sink_file(uri)
     except (OSError, ValueError):
@@ -83,15 +124,90 @@ def find_record_table(
             "table, so there is nothing to inspect here; its Delta table's history "
             "(commitInfo pyspark_txn.*) shows what it committed (docs/modes.md)"
         )
+    started = read_started_from(uri)
+    if started is not None:
+        raise ConfigError(
+            f"checkpoint {location}: {describe_origin(started)}, "
+            f"{describe_not_started(next_batch(uri, started), kept_file is not None)}; its "
+            "sink keeps "
+            "no record table before its first commit, so there are no records or "
+            "snapshots of it yet (pyspark-txn status shows it)"
+        )
     if kept_file is not None:
         raise ConfigError(
             f"no record table at {candidate} yet: the sink of checkpoint {location} has not "
             "committed a batch"
         )
+    if not _fs.is_local(uri) and _is_a_remote_file(uri):
+        raise ConfigError(
+            f"{location} is a file, not a checkpoint location or record table: give the "
+            "query's checkpointLocation (a folder) or its record table"
+        )
     raise ConfigError(
         f"no record table at {location} (looked for a checkpoint's {candidate} and for a "
         "Delta table at the location itself)"
     )
+
+
+def _is_a_remote_file(uri: str) -> bool:
+    """Whether an object store holds an object at ``uri`` itself (asked only where no
+    record table was found: one request that a healthy location never pays)."""
+    try:
+        fs, root = _fs.filesystem(uri)
+        return bool(fs.isfile(root))
+    except Exception:  # the clear "no record table" is the answer then
+        return False
+
+
+#: Where ``snapshots prepare-query`` and ``backups restore`` write what a checkpoint was
+#: made from (a named snapshot's JSON, ``from``: the original checkpoint, and for a
+#: restore ``backup``: ``{"backup_id", "to"}``).
+STARTED_FROM = ("pyspark_txn", "started_from.json")
+
+
+def read_started_from(checkpoint: str) -> dict[str, Any] | None:
+    """What ``<checkpoint>/pyspark_txn/started_from.json`` says; None without one (or
+    where it cannot be parsed: it only explains, nothing depends on it). A store that
+    cannot be read raises, as for every other file."""
+    fs, root = _fs.filesystem(checkpoint)
+    try:
+        started = json.loads(_fs.read_text(fs, _fs.join(root, *STARTED_FROM)))
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        log.warning("%s: cannot parse %s: %s", checkpoint, "/".join(STARTED_FROM), e)
+        return None
+    return started if isinstance(started, dict) else None
+
+
+def describe_origin(started: Mapping[str, Any]) -> str:
+    """Where a prepared or restored checkpoint came from, as a phrase: "restored from
+    backup 4 (in /backups/orders)" or "started from snapshot 'nightly' of /chk/orders"."""
+    backup = started.get("backup")
+    if isinstance(backup, Mapping) and backup.get("backup_id") is not None:
+        to = backup.get("to")
+        return f"restored from backup {backup['backup_id']}" + (f" (in {to})" if to else "")
+    name, origin = started.get("name"), started.get("from")
+    return (f"started from snapshot {name!r}" if name else "started from a snapshot") + (
+        f" of {origin}" if origin else ""
+    )
+
+
+def next_batch(checkpoint: str, started: Mapping[str, Any]) -> int | None:
+    """The batch a prepared checkpoint's query runs next: after Spark's last committed
+    batch (the snapshot's, as prepared)."""
+    committed = latest_batch(checkpoint, "commits")
+    if committed is not None:
+        return committed + 1
+    batch = started.get("batch_id")
+    return batch + 1 if isinstance(batch, int) else None
+
+
+def describe_not_started(next_batch: int | None, ran: bool) -> str:
+    """The state of a prepared or restored checkpoint without a commit, as a phrase:
+    "not started yet: next batch 32" (``ran``: its query has started, no commit yet)."""
+    after = "" if next_batch is None else f": next batch {next_batch}"
+    return ("started, no batch committed yet" if ran else "not started yet") + after
 
 
 def _kept_record_table(location: str) -> str | None:

@@ -249,6 +249,8 @@ class DeltaSinkOptions:
                 else self.record_table
             ),
             mode=self.mode,
+            # a light sink keeps no record naming its table: its checkpoint does (status)
+            target={"kind": "delta", "uri": self.path} if self.light else None,
         )
         return replace(self, sink_id=sink_id)
 

@@ -789,7 +789,7 @@ def test_cli_errors_are_json_too_and_light_checkpoints_are_named(tmp_path, capsy
     light = DeltaSinkOptions.parse(
         {"path": str(tmp_path / "t"), "checkpointLocation": str(tmp_path / "lc"), "mode": "light"}
     ).with_checkpoint_sink_id()
-    code, _, err = run_cli(capsys, "status", light.checkpoint_location)
+    code, _, err = run_cli(capsys, "records", light.checkpoint_location)
     assert code == 2 and "runs with mode=light" in err
     with pytest.raises(ConfigError, match="ran with mode=light"):
         DeltaSinkOptions.parse(

@@ -17,6 +17,7 @@ from ...errors import ConfigError, CorruptSnapshotError
 from ...state.core import NamedSnapshot
 from ...storage import fs as _fs
 from ...storage.options import StorageOptions, takes_storage_options
+from ..handle import STARTED_FROM
 from .copy import copy_table
 from .registry import Progress, show
 from .verification import verify
@@ -215,10 +216,6 @@ def check_new_locations(checkpoint: str, path: str) -> tuple[str, str]:
         fs, root = _fs.filesystem(uri)
         _new_location(fs, root, option, uri)
     return chk_uri, path_uri
-
-
-#: What a started-from checkpoint keeps of its origin (``pyspark-txn status`` reads it).
-STARTED_FROM = ("pyspark_txn", "started_from.json")
 
 
 def start_from_entry(
