@@ -29,7 +29,8 @@ POINTS = (
     "mid_phase1",  # fast path (driver): the first of Spark's files renamed into the table
     "before_record",  # driver commit, staged files verified, record not written
     "after_record",  # record safe, phase 2 not started
-    "mid_phase2",  # target with several txns per batch (PostgreSQL): after the first's commit
+    "mid_phase2",  # a phase 2 in two commits: PostgreSQL (after the first txn's), an
+    # upsert with tombstones (they are written, the MERGE is not)
     "after_phase2",  # target committed, 'committed' event not written
     "after_commit",  # everything done, Spark's commit log not yet written
     # acknowledging sources (driver-side reader); batch=N matches the claim number

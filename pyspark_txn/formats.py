@@ -25,13 +25,11 @@ class TxnDeltaDataSource(DataSource):
     def streamWriter(self, schema, overwrite: bool):
         from .sinks.delta import DeltaSinkOptions, TxnDeltaStreamWriter
 
-        if overwrite:
-            raise ConfigError(
-                "txn-delta sink: outputMode 'complete' is not supported; use 'append'"
-            )
         with store_errors():
-            opts = DeltaSinkOptions.parse(self.options).with_checkpoint_sink_id()
-            return TxnDeltaStreamWriter(opts, schema)
+            opts = DeltaSinkOptions.parse(self.options)
+            if overwrite:  # outputMode("complete"): each batch is the whole result
+                opts = opts.for_complete_mode()
+            return TxnDeltaStreamWriter(opts.with_checkpoint_sink_id(), schema)
 
     def streamReader(self, schema):
         from .sources.delta import DeltaSourceOptions, DeltaStreamReader

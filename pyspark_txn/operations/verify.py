@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote
 
-from ..state import SinkState, SnapshotRecord, pending_phase2
+from ..state import SinkState, SnapshotRecord, TxnHandle, pending_phase2
 from ..storage import fs as _fs
 from .handle import CHUNK_BYTES, POSTGRES, Progress, SinkHandle, _in_handle_storage, opened_target
 
@@ -162,7 +162,9 @@ def verify(handle: SinkHandle, progress: Progress | None = None) -> VerifyReport
 
     Each file must exist with the recorded size and CRC32. A committed record's
     files must also be in the target's current version; a file that is not (a
-    later delete, overwrite or vacuum removed it) is a warning, and is not read.
+    later delete, overwrite or vacuum removed it) is a warning, and is not read. A
+    committed record of an upsert (merged by key) has no files left to read: its
+    commit must be the one stamped with it.
     ``progress(done_bytes, total_bytes)`` is called as files are read.
     """
     state = handle.load()
@@ -185,7 +187,15 @@ def verify(handle: SinkHandle, progress: Progress | None = None) -> VerifyReport
     plan: list[tuple[SnapshotRecord, list[Problem], list]] = []
     for rec in records:
         problems: list[Problem] = []
-        to_read = []
+        to_read: list[TxnHandle] = []
+        if rec.snapshot_id in committed and rec.target.get("upsert"):
+            # merged by key: its staged files were the MERGE's input, removed once it
+            # landed; what is left to check is that the table's commit is this record's
+            version = committed.get(rec.snapshot_id)
+            if version is not None and table is not None and stamps.get(version) != rec.record_id:
+                problems.append(replace(_not_in_table(table, version, False), handle=""))
+            plan.append((rec, problems, to_read))
+            continue
         for t in rec.txns:
             if rec.snapshot_id in committed and (table is None or t.handle not in table[1]):
                 version = committed.get(rec.snapshot_id)

@@ -51,6 +51,7 @@ from .hooks import ExportSite, serve_exports
 from .light import LIGHT_SNAPSHOT_ID, LightCommitter
 from .staging import PARQUET_CODECS, StagingConfig, stage_partition
 from .twophase import TwoPhaseCommitter
+from .upsert import UPSERT_OPTIONS, UpsertSpec
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,8 @@ class DeltaSinkOptions:
     mode: str = "snapshots"
     retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS
     log_level: str = "INFO"
+    upsert: UpsertSpec | None = None  # keys: batches are merged by key (delta_merge_target)
+    complete: bool = False  # outputMode complete: each batch replaces the table's rows
     sink_id_prefix: ClassVar[str] = "txn"
 
     @property
@@ -203,6 +206,12 @@ class DeltaSinkOptions:
         partition_by = tuple(c.strip() for c in opts.get("partitionby", "").split(",") if c.strip())
         if len(set(partition_by)) != len(partition_by):
             raise ConfigError(f"option partitionBy={opts['partitionby']!r} repeats a column")
+        upsert = UpsertSpec.parse(opts)
+        if upsert is not None and mode == "light":
+            raise ConfigError(
+                "option keys needs mode=snapshots: a merge's staged change records are spent "
+                "by phase 2, which light mode runs without a record to redo it from"
+            )
         return cls(
             path=path,
             checkpoint_location=checkpoint,
@@ -233,7 +242,18 @@ class DeltaSinkOptions:
             retain_snapshots=parse_positive_int(
                 "retainSnapshots", opts.get("retainsnapshots", str(cls.retain_snapshots))
             ),
+            upsert=upsert,
         )
+
+    def for_complete_mode(self) -> DeltaSinkOptions:
+        """These options for ``outputMode("complete")``: every batch is the whole result."""
+        if self.upsert is not None:
+            raise ConfigError(
+                "option keys with outputMode complete: complete mode replaces the table's rows "
+                "with each batch's whole result, so there is nothing to merge by key; drop "
+                "keys, or use update mode through pyspark_txn.delta_batch_writer(..., keys=...)"
+            )
+        return replace(self, complete=True)
 
     def with_checkpoint_sink_id(self) -> DeltaSinkOptions:
         """The sink id kept in the checkpoint (written there on first use): it moves with
@@ -255,6 +275,8 @@ class DeltaSinkOptions:
         return replace(self, sink_id=sink_id)
 
     def check_schema(self, arrow_schema) -> None:
+        if self.upsert is not None:
+            self.upsert.check_schema(arrow_schema, self.partition_by)
         names = arrow_schema.names
         missing = [c for c in self.partition_by if c not in names]
         if missing:
@@ -281,12 +303,28 @@ class DeltaSinkOptions:
                 "option partitionBy: at least one column must not be a partition column"
             )
 
+    def table_schema(self, arrow_schema):
+        """The columns a batch of the stream ``arrow_schema`` writes to the table (an
+        upsert's: less ``exceptColumns``, with SCD type 2's validity columns)."""
+        return arrow_schema if self.upsert is None else self.upsert.table_schema(arrow_schema)
+
+    def write_meta(self) -> dict[str, Any]:
+        """Where and how phase 2 writes, as records keep it (twophase.WRITE_KEYS): a
+        restart that changes how is refused, naming both."""
+        meta: dict[str, Any] = {"uri": self.path}
+        if self.upsert is not None:
+            meta["upsert"] = self.upsert.to_json()
+        if self.complete:
+            meta["output_mode"] = "complete"
+        return meta
+
     def target_meta(self, arrow_schema, base: Mapping[str, Any] | None) -> dict[str, Any]:
-        """What phase 2 needs of the stream besides the files (kept in the record).
-        ``base``: :meth:`DeltaTarget.base` when a record is made (None for light mode)."""
+        """What phase 2 needs of the stream besides the files (kept in the record): the
+        schema it writes to the table. ``base``: :meth:`DeltaTarget.base` when a record is
+        made (None for light mode)."""
         return {
-            "uri": self.path,
-            "arrow_schema": schema_to_b64(arrow_schema),
+            **self.write_meta(),
+            "arrow_schema": schema_to_b64(self.table_schema(arrow_schema)),
             "partition_by": list(self.partition_by),
             "merge_schema": self.merge_schema,
             **(base or {"base_version": None}),
@@ -296,9 +334,25 @@ class DeltaSinkOptions:
         return RecordStore(DeltaEventLog(self.record_table, dict(self.storage_options)))
 
     def target(self) -> DeltaTarget:
-        return DeltaTarget(
-            self.path,
-            self.sink_id,
+        """The target phase 2 writes: appended, merged by key, or overwritten."""
+        if self.upsert is not None:
+            from .delta_merge_target import DeltaMergeTarget
+
+            return DeltaMergeTarget(
+                self.path,
+                self.sink_id,
+                spec=self.upsert,
+                faults=self.faults,
+                **self._target_options(),
+            )
+        if self.complete:
+            from .delta_overwrite_target import DeltaOverwriteTarget
+
+            return DeltaOverwriteTarget(self.path, self.sink_id, **self._target_options())
+        return DeltaTarget(self.path, self.sink_id, **self._target_options())
+
+    def _target_options(self) -> dict[str, Any]:
+        return dict(
             partition_by=self.partition_by,
             storage=self.storage,
             table_properties=dict(self.table_properties),
@@ -368,6 +422,7 @@ SINK_OPTIONS = {
     "mode": "snapshots (default: snapshot records, fencing) or light (see docs/modes.md)",
     "retainSnapshots": f"snapshot records the record table keeps (default {_D.retain_snapshots}; "
     "older are summarized)",
+    **UPSERT_OPTIONS,
     "faultInjection": "TESTS ONLY: crash plan, see pyspark_txn.faults",
 }
 
@@ -380,7 +435,7 @@ def _delta_target(committer: TwoPhaseCommitter) -> DeltaTarget:
 
 def _prepare_attempt(opts: DeltaSinkOptions) -> tuple[int, str]:
     """Allocate the batch's snapshot id before phase 1 (see ``_spark.prepare_attempt``)."""
-    return prepare_attempt(opts.committer(), opts.record_table, target_meta={"uri": opts.path})
+    return prepare_attempt(opts.committer(), opts.record_table, target_meta=opts.write_meta())
 
 
 class TxnDeltaStreamWriter(WriterBase):
@@ -395,7 +450,9 @@ class TxnDeltaStreamWriter(WriterBase):
         # one in the commit worker): tables checked here are not checked again in it.
         self._checked: set = set()
         with one_check_per_step(self._checked):
-            opts.target().check_stream_schema(self.arrow_schema, opts.merge_schema)
+            opts.target().check_stream_schema(
+                opts.table_schema(self.arrow_schema), opts.merge_schema
+            )
         self._attempt: tuple[int, str] | None = None
 
     def __getstate__(self) -> dict[str, Any]:

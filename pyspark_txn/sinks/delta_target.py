@@ -65,6 +65,8 @@ class DeltaTarget(Target):
     terms = TargetTerms(
         "delta", "file", "files", "table version {}", "no Delta commit (empty batch)"
     )
+    #: Whether a batch without rows changes the table (complete mode: it empties it).
+    commits_empty_batches = False
 
     def __init__(
         self,
@@ -493,8 +495,8 @@ class DeltaTarget(Target):
         if done is not None:
             return self._own_commit(dt, record, done)
         self._refuse_replaced(dt, record)
-        if dt is not None and not record.txns:  # an empty batch: no empty Delta commit
-            return None
+        if dt is not None and not record.txns and not self.commits_empty_batches:
+            return None  # an empty batch: no empty Delta commit
         verified, self._verified = self._verified, None
         if verified != (record.snapshot_id, record.token, _txn_key(record.txns)):
             # Not what this target verified last, moments ago before the record (the
@@ -627,15 +629,19 @@ class DeltaTarget(Target):
         race into a second ``metaData`` at version 1, DESIGN.md §8); the loser
         reloads the winner's table, checks the stream against it and appends.
         """
-        from deltalake import Schema
-        from deltalake.transaction import (
-            CommitProperties,
-            Transaction,
-            create_table_with_add_actions,
-        )
+        props = self._commit_properties(batch_id, stamps)
+        dt = self._table_for_commit(dt, target_meta, recheck, (add_actions(txns), props))
+        if dt is None:
+            return None  # created with the batch's files
+        before = dt.version()
+        self._apply(dt, txns, target_meta, props)
+        return self._after_commit(dt, before, batch_id)
 
-        adds = add_actions(txns)
-        props = CommitProperties(
+    def _commit_properties(self, batch_id: int, stamps: Mapping[str, Any]):
+        """The sink's app transaction and stamps: what every phase 2 commit carries."""
+        from deltalake.transaction import CommitProperties, Transaction
+
+        return CommitProperties(
             app_transactions=[Transaction(app_id=self.sink_id, version=batch_id)],
             custom_metadata={
                 META_PREFIX + "sink_id": self.sink_id,
@@ -644,13 +650,29 @@ class DeltaTarget(Target):
                 **({"userMetadata": self.user_metadata} if self.user_metadata else {}),
             },
         )
+
+    def _table_for_commit(
+        self,
+        dt,
+        target_meta: Mapping[str, Any],
+        recheck: Callable[[Any], None] | None,
+        create_with: tuple[Sequence[Any], Any] | None,
+    ):
+        """The table phase 2 commits to, checked (``recheck``) and with the stream's new
+        columns where ``mergeSchema`` allows them. Where there is none yet it is created
+        from the stream's schema: with ``create_with`` (add actions, commit properties)
+        in the creating commit itself (then None is returned), else empty."""
+        from deltalake import Schema
+        from deltalake.transaction import CommitProperties, create_table_with_add_actions
+
         stream_schema = schema_from_b64(target_meta["arrow_schema"])
         if dt is None:
+            adds, props = create_with if create_with is not None else ([], None)
             try:
                 create_table_with_add_actions(
                     self.uri,
                     Schema.from_arrow(as_nullable(stream_schema)),
-                    adds,
+                    list(adds),
                     mode="error",
                     partition_by=self.partition_by or None,
                     name=self.table_name,
@@ -658,24 +680,26 @@ class DeltaTarget(Target):
                     configuration=self.table_properties or None,
                     storage_options=self.storage_options,
                     commit_properties=CommitProperties(
-                        app_transactions=props.app_transactions,
-                        custom_metadata=props.custom_metadata,
+                        app_transactions=props.app_transactions if props else None,
+                        custom_metadata=props.custom_metadata if props else None,
                         max_commit_retries=0,
                     ),
                 )
-                return None
+                if create_with is not None:
+                    return None
+                dt = self.open()
             except Exception as e:
                 dt = self.open()
                 if dt is None:  # not a lost race: the creation itself failed
                     raise
                 log.info(
                     "sink %s: another writer created the Delta table at %s first (%s); "
-                    "appending to it",
+                    "writing to it",
                     self.sink_id,
                     self.uri,
                     e,
                 )
-            self._check_table_against(dt, stream_schema, bool(target_meta.get("merge_schema")))
+                self._check_table_against(dt, stream_schema, bool(target_meta.get("merge_schema")))
         if recheck is not None:
             recheck(dt)
         added, _ = schema_drift(table_arrow_schema(dt), stream_schema)
@@ -686,15 +710,22 @@ class DeltaTarget(Target):
             dt.alter.add_columns(
                 [Field.from_arrow(stream_schema.field(c).with_nullable(True)) for c in added]
             )
-        before = dt.version()
+        return dt
+
+    def _apply(self, dt, txns: Sequence[TxnHandle], target_meta: Mapping[str, Any], props) -> None:
+        """How a batch's staged files change the table, in one commit carrying ``props``:
+        appended here (subclasses: overwritten, merged by key)."""
         dt.create_write_transaction(
-            adds,
+            add_actions(txns),
             mode="append",
             schema=dt.schema(),
             partition_by=self.partition_by or None,
             commit_properties=props,
             post_commithook_properties=_NO_HOOKS(),
         )
+
+    def _after_commit(self, dt, before: int, batch_id: int):
+        """Bookkeeping after phase 2's commit on ``dt`` (read at ``before``)."""
         dt.update_incremental()
         if dt.version() == before + 1:  # ours is the only commit since: its txn is known
             _app_versions()[(self.uri, self.sink_id)] = (dt, dt.version(), batch_id)

@@ -260,7 +260,7 @@ class DeltaBatchWriter:
         check_writable_schema(arrow_schema)
         opts = self.opts
         target = opts.target()
-        target.check_stream_schema(arrow_schema, opts.merge_schema)
+        target.check_stream_schema(opts.table_schema(arrow_schema), opts.merge_schema)
         if opts.light:
             self._light_batch(df, batch_id, target, query_id, arrow_schema)
             self._written = (job.run_id, batch_id)
@@ -283,7 +283,7 @@ class DeltaBatchWriter:
         else:
             last = committer.load().last_record
             replay = last is not None and batch_id <= last.batch_id
-        snapshot_id, token = committer.allocate({"uri": opts.path})
+        snapshot_id, token = committer.allocate(opts.write_meta())
         try:
             # A replay was decided before: the committer recognises it (or a checkpoint
             # that went back) from the record; Spark's write never runs.

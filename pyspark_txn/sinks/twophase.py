@@ -109,6 +109,31 @@ def _check_same_target(
             "table. Give the other table its own query and checkpoint (a foreachBatch that "
             "writes two tables: use mode=light, or write the two tables from two queries)"
         )
+    if last is None or given is None:
+        return
+    for key, what in WRITE_KEYS.items():
+        before, now = (last.target or {}).get(key), (target_meta or {}).get(key)
+        if before != now:
+            raise ConfigError(
+                f"sink {sink_id!r} wrote its batches with {what} {_describe(before)} (its "
+                f"record of batch {last.batch_id} says so), and this writer with "
+                f"{_describe(now)}: a checkpoint's sink keeps how it writes its table (the "
+                "rows already there were written the first way). Start a new query (a new "
+                "checkpoint) for the new way"
+            )
+
+
+#: What a record's target says of *how* phase 2 writes (besides where): a sink keeps it
+#: across restarts (``upsert``: the keys, sequence, deletes of a merge; ``output_mode``).
+WRITE_KEYS = {"upsert": "upsert options", "output_mode": "output mode"}
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "none (appends)"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={v}" for k, v in sorted(value.items()) if v not in (None, [], ()))
+    return str(value)
 
 
 #: The most snapshot ids one ``allocated`` event reserves for a planner: the query's
