@@ -14,7 +14,7 @@ table files: once the MERGE has landed they are removed. Where the table has
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..faults import NO_FAULTS, FaultPlan
@@ -66,11 +66,11 @@ class DeltaMergeTarget(DeltaTarget):
 
     # --- phase 2 ------------------------------------------------------------------------
 
-    def discard(self, snapshot_id: int, token: str, keep: Iterable[str] = ()) -> None:
-        """Every staged file of the attempt goes: a committed record's too (``keep``
-        names them), since they were the MERGE's input, never table files. (The
-        protocol discards with ``keep`` only once a record's phase 2 has landed.)"""
-        super().discard(snapshot_id, token)
+    def commit(self, record: SnapshotRecord) -> int | None:
+        version = super().commit(record)
+        if record.txns:  # the staged change records were the MERGE's input: spent now
+            self.discard(record.snapshot_id, record.token)
+        return version
 
     def _write_commit(
         self,

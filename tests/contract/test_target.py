@@ -56,12 +56,23 @@ class Stager:
             )
             self.config = opts.prepare_table(SCHEMA)
             self.target = opts.target()
-        else:
+        else:  # delta: appended; delta-merge: merged by key; delta-complete: overwritten
             opts = DeltaSinkOptions.parse(
-                {"path": self.uri, "checkpointLocation": "/unused", "sinkId": SINK}
+                {
+                    "path": self.uri,
+                    "checkpointLocation": "/unused",
+                    "sinkId": SINK,
+                    **({"keys": "id"} if kind == "delta-merge" else {}),
+                }
             )
+            if kind == "delta-complete":
+                opts = opts.for_complete_mode()
             self.staging = opts.staging()
             self.target = opts.target()
+
+    @property
+    def is_delta(self):
+        return self.kind.startswith("delta")
 
     def stage(self, sid, token, ids, partition=0):
         if self.kind == "memory":
@@ -81,7 +92,7 @@ class Stager:
 
     def meta(self):
         """The target metadata a sink records with each batch."""
-        base = self.target.base() if self.kind == "delta" else {"base_version": None}
+        base = self.target.base() if self.is_delta else {"base_version": None}
         return {"arrow_schema": schema_to_b64(SCHEMA), **base}
 
     def record(self, sid, token, batch, txns, **kw):
@@ -106,7 +117,7 @@ class Stager:
         return sorted(DeltaTable(self.uri).to_pyarrow_table().column("id").to_pylist())
 
 
-@pytest.fixture(params=["memory", "delta", "postgres"])
+@pytest.fixture(params=["memory", "delta", "delta-merge", "delta-complete", "postgres"])
 def stager(request, tmp_path):
     pg = request.getfixturevalue("pg") if request.param == "postgres" else None
     return Stager(request.param, tmp_path, pg)
@@ -169,7 +180,7 @@ def test_the_committers_messages_speak_the_targets_terms(stager, caplog):
     its words from the target."""
     terms = stager.target.terms
     assert isinstance(terms, TargetTerms)
-    assert terms.kind == {"memory": "target", "delta": "delta", "postgres": "postgres"}[stager.kind]
+    assert terms.kind == {"memory": "target", "postgres": "postgres"}.get(stager.kind, "delta")
     committer = TwoPhaseCommitter(RecordStore(MemoryEventLog()), stager.target, SINK)
     sid, tok = committer.allocate()
     txns = stager.stage(sid, tok, [1, 2]) + stager.stage(sid, tok, [3], partition=1)
@@ -177,7 +188,7 @@ def test_the_committers_messages_speak_the_targets_terms(stager, caplog):
         committer.commit(0, sid, tok, txns, run_id="r", query_id="q", target_meta=stager.meta())
     (line,) = [r.getMessage() for r in caplog.records if "committed as snapshot" in r.getMessage()]
     assert f"3 rows, {terms.count(2)}, " in line and terms.version.split("{}")[0] in line
-    if stager.kind != "delta":
+    if not stager.is_delta:
         assert "file" not in line and "table version" not in line
     assert stager.rows() == [1, 2, 3]
 
