@@ -4,12 +4,15 @@ change older than a delete that arrives after it cannot bring the row back.
 A small Delta table per sink inside the target's folder, at
 ``<table>/_pyspark_txn/tombstones/<sink id>`` (a folder Delta readers and VACUUM leave
 alone): one row per deleted key (SCD type 2: per delete, since a history needs every one),
-its sequence and when the delete was seen. Phase 2
-writes a batch's tombstones *before* it merges the batch into the table, with the
-sink's app transaction for that batch, so a phase 2 redone after a crash skips what
-landed, and a table that holds the batch always has its tombstones. Rows older than
-``tombstoneRetention`` are dropped in the same commit: after that, an older change that
-arrives late is applied (docs/upserts.md)."""
+its sequence and when the delete was seen. Phase 2 writes a batch's tombstones *before*
+it merges the batch into the table, with the sink's app transaction for that batch, so a
+phase 2 redone after a crash skips what landed, and a table that holds the batch always
+has its tombstones. Rows older than ``tombstoneRetention`` are dropped in the same
+commit: after that, an older change that arrives late is applied (docs/upserts.md).
+
+A named snapshot (and so a backup's part) carries the tombstones as of its batch
+(:func:`tombstones_as_of`); a query started from it finds them at
+``<table>/_pyspark_txn/tombstones/_inherited`` and reads them with its own."""
 
 from __future__ import annotations
 
@@ -24,10 +27,40 @@ from .upsert import UpsertSpec, latest_per_key, newer_sql, quote
 log = logging.getLogger(__name__)
 
 DELETED_AT = "__deleted_at_ms"  # when phase 2 saw the delete (ms since the epoch)
+#: The tombstones a table started from a snapshot inherited (written once, never again).
+INHERITED = "_inherited"
 
 
 def tombstones_uri(table_uri: str, sink_id: str) -> str:
     return _fs.join(table_uri, "_pyspark_txn", "tombstones", sink_id)
+
+
+def _open(uri: str, storage_options: Mapping[str, str] | None, version: int | None = None):
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(
+            uri, version=version, storage_options=dict(storage_options) if storage_options else None
+        )
+    except TableNotFoundError:
+        return None
+
+
+def tombstones_as_of(
+    table_uri: str, sink_id: str, batch_id: int, storage_options: Mapping[str, str] | None
+) -> tuple[str, int] | None:
+    """(location, version) of the sink's tombstones as they were when batch ``batch_id``
+    was committed (its own included), None where there were none yet."""
+    uri = tombstones_uri(table_uri, sink_id)
+    dt = _open(uri, dict(storage_options) if storage_options else None)
+    if dt is None:
+        return None
+    while (dt.transaction_version(sink_id) or -1) > batch_id:
+        if dt.version() == 0:
+            return None
+        dt.load_as_version(dt.version() - 1)
+    return uri, dt.version()
 
 
 class Tombstones:
@@ -39,43 +72,50 @@ class Tombstones:
         storage_options: Mapping[str, str] | None,
     ) -> None:
         self.uri = tombstones_uri(table_uri, sink_id)
+        self.inherited = tombstones_uri(table_uri, INHERITED)
         self.sink_id = sink_id
         self.spec = spec
         self.storage_options = dict(storage_options) if storage_options else None
-
-    def _open(self):
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            return DeltaTable(self.uri, storage_options=self.storage_options)
-        except TableNotFoundError:
-            return None
 
     def _columns(self) -> list[str]:
         return [*self.spec.keys, *self.spec.sequence_by]
 
     def of(self, rows: Any, batch_id: int) -> Any:
         """The tombstones of the keys in ``rows`` as batch ``batch_id`` found them (None:
-        none kept yet). A phase 2 redone after its tombstones landed reads the table as
-        it was before them, or the batch's own deletes would make it stale."""
-        import pyarrow.compute as pc
-        from deltalake import DeltaTable
+        none kept yet): the sink's own, and those its table inherited. A phase 2 redone
+        after its tombstones landed reads them as they were before them, or the batch's
+        own deletes would make it stale."""
+        import pyarrow as pa
 
-        dt = self._open()
-        if dt is None or rows.num_rows == 0:
+        if rows.num_rows == 0:
             return None
-        while (dt.transaction_version(self.sink_id) or -1) >= batch_id:
-            if dt.version() == 0:
-                return None
-            dt = DeltaTable(
-                self.uri, version=dt.version() - 1, storage_options=self.storage_options
-            )
+        parts = []
+        own = _open(self.uri, self.storage_options)
+        if own is not None:
+            while (own.transaction_version(self.sink_id) or -1) >= batch_id:
+                if own.version() == 0:
+                    own = None
+                    break
+                own.load_as_version(own.version() - 1)
+        if own is not None:
+            parts.append(self._of_keys(own, rows))
+        inherited = _open(self.inherited, self.storage_options)
+        if inherited is not None:
+            parts.append(self._of_keys(inherited, rows, expired_before=self._cutoff()))
+        parts = [p for p in parts if p.num_rows]
+        return pa.concat_tables(parts) if parts else None
+
+    def _cutoff(self) -> int:
+        return int(time.time() * 1000) - self.spec.tombstone_retention_s * 1000
+
+    def _of_keys(self, dt, rows: Any, expired_before: int | None = None) -> Any:
+        import pyarrow.compute as pc
+
         first = self.spec.keys[0]
-        wanted = pc.unique(rows.column(first))
-        kept = dt.to_pyarrow_dataset().to_table(
-            columns=self._columns(), filter=pc.field(first).isin(wanted)
-        )
+        wanted = pc.field(first).isin(pc.unique(rows.column(first)))
+        if expired_before is not None:
+            wanted = wanted & (pc.field(DELETED_AT) >= expired_before)
+        kept = dt.to_pyarrow_dataset().to_table(columns=self._columns(), filter=wanted)
         if len(self.spec.keys) > 1 and kept.num_rows:
             keys = rows.select(list(self.spec.keys)).group_by(list(self.spec.keys)).aggregate([])
             kept = kept.join(keys, keys=list(self.spec.keys), join_type="left semi")
@@ -89,7 +129,9 @@ class Tombstones:
         from deltalake import DeltaTable
         from deltalake.transaction import CommitProperties, Transaction
 
-        dt = self._open()
+        from .delta_target import maintain_log
+
+        dt = _open(self.uri, self.storage_options)
         if dt is not None and (dt.transaction_version(self.sink_id) or -1) >= batch_id:
             return  # this batch's tombstones landed before a crash
         now = int(time.time() * 1000)
@@ -110,14 +152,12 @@ class Tombstones:
         source = deletes.select(self._columns()).append_column(
             DELETED_AT, pa.array([now] * deletes.num_rows, pa.int64())
         )
-        cutoff = now - self.spec.tombstone_retention_s * 1000
         by = [*self.spec.keys, *(self.spec.sequence_by if self.spec.scd_type == 2 else ())]
-        on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in by)
         everything = {c: f"s.{quote(c)}" for c in source.schema.names}
         (
             dt.merge(
                 source,
-                predicate=on,
+                predicate=" AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in by),
                 source_alias="s",
                 target_alias="t",
                 commit_properties=CommitProperties(
@@ -126,7 +166,11 @@ class Tombstones:
             )
             .when_matched_update(updates=everything, predicate=newer_sql(self.spec))
             .when_not_matched_insert(updates=everything)
-            .when_not_matched_by_source_delete(predicate=f"t.{quote(DELETED_AT)} < {cutoff}")
+            .when_not_matched_by_source_delete(
+                predicate=f"t.{quote(DELETED_AT)} < {self._cutoff()}"
+            )
             .execute()
         )
+        dt.update_incremental()
+        maintain_log(dt, self.uri, self.storage_options)
         log.debug("sink %s: %d tombstones of batch %d", self.sink_id, deletes.num_rows, batch_id)

@@ -31,6 +31,7 @@ from .copy import _state_session, check_export, copy_table
 from .location import (
     _LIVE_TOKENS,
     STATE_CHOICES,
+    TOMBSTONES,
     _check_name_free,
     _check_to,
     _describe_owner,
@@ -120,6 +121,34 @@ def _still_ours(fs: Any, root: str, token: str) -> bool:
     if not marker:
         return False
     return (marker.get("owner") or {}).get("token") == token
+
+
+def _copy_tombstones(
+    handle: SinkHandle,
+    record: SnapshotRecord,
+    uri: str,
+    options: Mapping[str, str] | None,
+    check_owner: Any,
+) -> dict[str, Any] | None:
+    """The deletes an upserting sink remembered as of the record's batch, copied to
+    ``<to>/tombstones`` (a query started from the snapshot inherits them): its rows and
+    files, or None where the sink keeps none (appends, no ``deleteWhen``)."""
+    from ...sinks.tombstones import tombstones_as_of
+
+    assert handle.target_uri is not None
+    found = tombstones_as_of(handle.target_uri, handle.sink_id, record.batch_id, options)
+    if found is None:
+        return None
+    copied = copy_table(
+        found[0],
+        found[1],
+        _fs.join(uri, TOMBSTONES),
+        storage_options=options,
+        name=None,
+        description=f"tombstones of sink {handle.sink_id} as of batch {record.batch_id}",
+        check_owner=check_owner,
+    )
+    return {"path": TOMBSTONES, "rows": copied.rows, "files": copied.files}
 
 
 def _table_files(uri: str, options: Mapping[str, str] | None) -> list[list[Any]]:
@@ -334,6 +363,7 @@ def _copy_and_register(
         progress=progress,
         check_owner=check_owner,
     )
+    tombstones = _copy_tombstones(handle, record, uri, options, check_owner)
     state_tables: list[Any] = []
     if spark is not None and handle.checkpoint is not None:
         from .. import state_export
@@ -387,6 +417,7 @@ def _copy_and_register(
             "stateful": handle.checkpoint is not None
             and has_state(handle.checkpoint, handle.storage),
             "state_tables": state_json,
+            **({"tombstones": tombstones} if tombstones else {}),
             **(details or {}),
         },
     )

@@ -280,9 +280,11 @@ def _enclosing_folder(uri: str) -> tuple[str, str] | None:
             return "a query's checkpoint", path
 
 
+#: Where an export keeps an upserting sink's tombstones (sinks.tombstones).
+TOMBSTONES = "tombstones"
 #: What an export writes under its location; removing an export removes these alone,
 #: in this order: the marker last.
-_EXPORT_PARTS = ("data", "manifest", "state", EXPORT_MARKER)
+_EXPORT_PARTS = ("data", "manifest", "state", TOMBSTONES, EXPORT_MARKER)
 
 
 def _remove_export(fs: Any, root: str, uri: str) -> None:

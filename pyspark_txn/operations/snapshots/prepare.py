@@ -240,6 +240,17 @@ def start_from_entry(
         description=f"started from pyspark-txn snapshot {entry.name!r} (batch {entry.batch_id})",
         progress=progress,
     )
+    tombstones = entry.details.get("tombstones")
+    if tombstones:  # an upserting sink's deletes: the new query's table inherits them
+        from ...sinks.tombstones import INHERITED, tombstones_uri
+
+        copy_table(
+            _fs.join(entry.location, tombstones["path"]),
+            None,
+            tombstones_uri(path_uri, INHERITED),
+            name=None,
+            description=f"tombstones inherited from pyspark-txn snapshot {entry.name!r}",
+        )
     batch = entry.batch_id
     if offsets is None:
         offsets = entry.details.get("source_offsets") or []

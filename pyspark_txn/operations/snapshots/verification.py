@@ -144,7 +144,16 @@ def verify_entry(
         problems.append(f"{rows} rows in the files, the snapshot says {entry.details.get('rows')}")
     problems.extend(_check_manifest(entry, sink_id))
     problems.extend(_check_state_tables(entry))
+    problems.extend(_check_tombstones(entry))
     return ExportCheck(entry.name, entry.location, rows, len(listed), tuple(problems))
+
+
+def _check_tombstones(entry: NamedSnapshot) -> list[str]:
+    """An upserting sink's tombstones exported with the snapshot: every file, size, CRC32."""
+    kept = entry.details.get("tombstones")
+    if not kept:
+        return []
+    return _check_files(_fs.join(entry.location, kept["path"]), kept["path"], kept["files"])
 
 
 def _no_progress(_n: int) -> None:
