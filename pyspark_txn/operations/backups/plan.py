@@ -54,13 +54,18 @@ def _offset_dict(offset: Any) -> dict | None:
     return offset if isinstance(offset, dict) else None
 
 
-#: A txn-delta source offset's keys; ``tableId`` since offsets name their table.
+#: A txn-delta source offset's keys; ``tableId`` since offsets name their table,
+#: ``changeFeed`` in a change-data-feed source's (readChangeFeed).
 _DELTA_OFFSET_KEYS = frozenset({"version", "index", "snapshot"})
+_DELTA_OFFSET_OPTIONAL = frozenset({"tableId", "changeFeed"})
 
 
 def _is_delta_offset(offset: Any) -> bool:
     d = _offset_dict(offset)
-    return d is not None and _DELTA_OFFSET_KEYS <= set(d) <= _DELTA_OFFSET_KEYS | {"tableId"}
+    return (
+        d is not None
+        and _DELTA_OFFSET_KEYS <= set(d) <= _DELTA_OFFSET_KEYS | _DELTA_OFFSET_OPTIONAL
+    )
 
 
 def consumed_version(offset: Any, where: str) -> int:

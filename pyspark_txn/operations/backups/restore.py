@@ -170,7 +170,8 @@ def restore(
         _fault(f"restore_after_mark:{i}")
         offsets = list(part.details.get("source_offsets") or [])
         for s, u in graph[i]:
-            offsets[s] = _next_version(*restored[u])
+            feed = bool((_offset_dict(offsets[s]) or {}).get("changeFeed"))
+            offsets[s] = _next_version(*restored[u], change_feed=feed)
         prepared = start_from_entry(
             part,
             chk,
@@ -364,7 +365,11 @@ def _table_identity(table: str) -> tuple[int, str]:
     return dt.version(), str(dt.metadata().id)
 
 
-def _next_version(version: int, table_id: str) -> dict[str, Any]:
+def _next_version(version: int, table_id: str, *, change_feed: bool = False) -> dict[str, Any]:
     """The txn-delta source offset that reads on after everything of ``version`` of the
-    table ``table_id``."""
-    return {"index": 0, "snapshot": False, "tableId": table_id, "version": version + 1}
+    table ``table_id`` (of its change data feed, for a ``readChangeFeed`` source)."""
+    offset: dict[str, Any] = {"index": 0, "snapshot": False, "version": version + 1}
+    if change_feed:
+        offset["changeFeed"] = True
+    offset["tableId"] = table_id
+    return dict(sorted(offset.items()))
