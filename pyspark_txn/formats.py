@@ -10,7 +10,8 @@ from .storage import store_errors
 
 
 class TxnDeltaDataSource(DataSource):
-    """``txn-delta``: two-phase transactional Delta sink (and append-stream source)."""
+    """``txn-delta``: two-phase transactional Delta sink (appends, upserts, complete mode) and
+    a source of a table's appends or its change data feed."""
 
     @classmethod
     def name(cls) -> str:

@@ -28,7 +28,16 @@ What a file contributes is fixed by its ``add`` action, so replays are exact:
 Commits that remove data (overwrite, delete, merge) stop the stream unless
 ``ignoreChanges=true``, which, like Delta's option of that name, ignores their
 removes and streams the files they add (rewritten files are read again:
-unchanged rows can come twice). Compactions (``dataChange=false``) are skipped.
+unchanged rows can come twice), or ``skipChangeCommits=true``, which skips such
+commits whole, as Delta's option does. Compactions (``dataChange=false``) are skipped.
+
+With ``readChangeFeed=true`` the stream is the table's change data feed instead
+(``delta_cdf``): a version's change set is its ``cdc`` files, or its adds and removes
+as inserts and deletes, and rows carry ``_change_type``, ``_commit_version`` and
+``_commit_timestamp``. Its offsets say ``"changeFeed": true``: an index counts another
+kind of change set, so a checkpoint is never read in the other mode.
+``maxFilesPerBatch`` and ``maxBytesPerBatch`` (soft, as Delta's) bound a batch in
+both modes.
 A schema change the stream's schema cannot carry (a new or retyped column, a
 rename, a column-mapping mode change) or a reader feature this source does not
 implement stops the stream *at* that version, after everything before it was
@@ -37,11 +46,14 @@ change read the new columns as null).
 
 Modules: this one (the options and the reader), ``delta_schema`` (logical to physical
 schema, compatible changes, reading a data file into the stream's schema),
-``delta_commits`` (the Delta log: protocol checks, commits, a snapshot's deletion vectors)."""
+``delta_commits`` (the Delta log: protocol checks, commits, a snapshot's deletion vectors),
+``delta_cdf`` (the change data feed: a version's change files, the three columns)."""
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,10 +64,22 @@ from ..errors import ConfigError, SourceError
 from ..spark.arrow import spark_to_arrow_schema
 from ..spark.options import check_location, parse_storage_options, reject_unknown_options
 from ..storage import fs as _fs
+from ..storage.delta_tables import open_table
 from ..storage.options import StorageOptions
 from ._common import SupportsTriggerAvailableNow, canonical, check_batch_order
 from ._deletion_vectors import load_deletion_vector
 from ._partition_values import parse_partition_value
+from .delta_cdf import (
+    CHANGE_FIELDS,
+    CHANGE_TYPE,
+    change_feed_schema,
+    commit_changes,
+    commit_timestamp_ms,
+    kept_rows,
+    no_change_data,
+    records_change_data,
+    snapshot_changes,
+)
 from .delta_commits import (
     ChangeSet,
     DeltaFile,
@@ -75,15 +99,48 @@ from .delta_schema import (
     _struct_change,
 )
 
+log = logging.getLogger(__name__)
+
 DELTA_SOURCE_OPTIONS = {
     "path": "Delta table URI (required)",
     "startingVersion": "'snapshot' (default: the table as of the start, then its appends), "
     "a version number (appends from that commit on) or 'latest' (only new appends)",
     "maxFilesPerBatch": "most data files per micro-batch (default 1000)",
+    "maxBytesPerBatch": "about this many bytes of data files per micro-batch (a soft limit: "
+    "a batch takes files while it holds fewer bytes, at least one; e.g. 512m, 1g)",
     "ignoreChanges": "true: don't stop at commits that remove data; their removes are ignored "
     "and the files they add are streamed (rewritten rows come again), as Delta's ignoreChanges",
+    "skipChangeCommits": "true: skip commits that remove or rewrite rows, whole (their adds "
+    "too), as Delta's skipChangeCommits",
+    "readChangeFeed": "true: stream the table's change data feed (rows plus _change_type, "
+    "_commit_version, _commit_timestamp), as Delta's readChangeFeed",
     "storageOptions": "JSON object of delta-rs storage options",
 }
+
+_SIZE = re.compile(r"(\d+)\s*([kmgt]?)(?:i?b)?")
+
+
+def _flag(opts: Mapping[str, str], name: str) -> bool:
+    raw = opts.get(name.lower(), "false").strip().lower()
+    if raw not in ("true", "false"):
+        raise ConfigError(
+            f"txn-delta source: option {name}={opts[name.lower()]!r}: expected true or false"
+        )
+    return raw == "true"
+
+
+def _size(raw: str | None) -> int | None:
+    """A byte size as Spark writes them: ``1048576``, ``512k``, ``64m``, ``1g`` (powers of 1024)."""
+    if raw is None:
+        return None
+    m = _SIZE.fullmatch(raw.strip().lower())
+    value = int(m[1]) << (10 * " kmgt".index(m[2] or " ")) if m else 0
+    if value < 1:
+        raise ConfigError(
+            f"txn-delta source: option maxBytesPerBatch={raw!r}: expected a size of at least "
+            "1 byte: a number of bytes, or with k, m, g or t (1024-based), e.g. 512m"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -91,7 +148,10 @@ class DeltaSourceOptions:
     path: str
     starting: str = "snapshot"  # 'snapshot' | 'latest' | a version number
     max_files_per_batch: int = 1000
+    max_bytes_per_batch: int | None = None
     ignore_changes: bool = False
+    skip_change_commits: bool = False
+    read_change_feed: bool = False
     storage_options: tuple[tuple[str, str], ...] = ()
     fs_options: tuple[tuple[str, str], ...] = ()
 
@@ -119,17 +179,30 @@ class DeltaSourceOptions:
             raise ConfigError(
                 f"txn-delta source: option maxFilesPerBatch={raw_max!r}: expected an integer >= 1"
             )
-        ignore = opts.get("ignorechanges", "false").lower()
-        if ignore not in ("true", "false"):
-            raise ConfigError(
-                f"txn-delta source: option ignoreChanges={ignore!r}: expected true or false"
-            )
+        flags = {
+            name: _flag(opts, name)
+            for name in ("ignoreChanges", "skipChangeCommits", "readChangeFeed")
+        }
+        for a, b in (
+            ("readChangeFeed", "ignoreChanges"),
+            ("readChangeFeed", "skipChangeCommits"),
+            ("ignoreChanges", "skipChangeCommits"),
+        ):
+            if flags[a] and flags[b]:
+                raise ConfigError(
+                    f"txn-delta source: options {a}=true and {b}=true exclude each other: "
+                    + _EXCLUSIVE[a, b]
+                )
+        max_bytes = _size(opts.get("maxbytesperbatch"))
         check_location("path", opts["path"])
         return cls(
             path=_fs.normalize_uri(opts["path"]),
             starting=starting,
             max_files_per_batch=int(raw_max),
-            ignore_changes=ignore == "true",
+            max_bytes_per_batch=max_bytes,
+            ignore_changes=flags["ignoreChanges"],
+            skip_change_commits=flags["skipChangeCommits"],
+            read_change_feed=flags["readChangeFeed"],
             storage_options=parse_storage_options(
                 opts.get("storageoptions"), "txn-delta source", "storageOptions"
             ),
@@ -137,9 +210,19 @@ class DeltaSourceOptions:
         )
 
     def table(self, version: int | None = None):
+        """The table at ``version``, or at its latest: then this thread's cached object,
+        caught up (``storage.delta_tables.open_table``: a check of the last commit file
+        and the new commits, not a replay of the log at every planning call)."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
+        if version is None:
+            try:
+                latest = open_table(self.path, dict(self.storage_options) or None)
+            except Exception:  # DeltaTable below says why, in the words of this source
+                latest = None
+            if latest is not None:
+                return latest
         try:
             return DeltaTable(
                 self.path, version=version, storage_options=dict(self.storage_options) or None
@@ -175,12 +258,24 @@ class DeltaSourceOptions:
             ) from e
 
     def spark_schema_ddl(self):
-        """The stream's Spark schema: the table's, without Delta's internal column metadata."""
+        """The stream's Spark schema: the table's, without Delta's internal column metadata
+        (with ``readChangeFeed``: and the change feed's three columns)."""
         from pyspark.sql.types import StructType
 
-        return StructType.fromJson(
-            _strip_delta_metadata(json.loads(self.table().schema().to_json()))
-        )
+        schema = _strip_delta_metadata(json.loads(self.table().schema().to_json()))
+        if self.read_change_feed:
+            schema = change_feed_schema(schema, self.path)
+        return StructType.fromJson(schema)
+
+
+_EXCLUSIVE = {
+    ("readChangeFeed", "ignoreChanges"): "the change feed already streams what commits "
+    "remove and rewrite, as deletes and updates; drop ignoreChanges",
+    ("readChangeFeed", "skipChangeCommits"): "the change feed streams the commits that "
+    "skipChangeCommits would skip; drop one",
+    ("ignoreChanges", "skipChangeCommits"): "one streams the files such commits add, the "
+    "other skips those commits whole; choose one",
+}
 
 
 def _strip_delta_metadata(node: Any) -> Any:
@@ -211,22 +306,38 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if problem:
             raise SourceError(f"txn-delta source: {opts.path} {problem}")
         self.table_id = str(dt.metadata().id)
+        self.partition_columns = list(dt.metadata().partition_columns or [])
         self.configuration = dict(dt.metadata().configuration or {})
         self.mode = _mapping_mode(self.configuration, self.protocol)
         # the Delta schema the stream was built from (physical names, ids, types)
         self.table_schema = json.loads(dt.schema().to_json())
         self.schema_version = dt.version()
+        self.change_feed = opts.read_change_feed
+        # readChangeFeed: whether the table records change data, by version (see
+        # _records_change_data); the three columns of the feed, as Delta fields
+        self._feed_on: dict[int, bool] = {}
+        extra: dict[str, dict] = {}
+        if self.change_feed:
+            change_feed_schema(self.table_schema, opts.path)  # refuses a clash of names
+            self._feed_on[self.schema_version] = records_change_data(self.configuration)
+            extra = CHANGE_FIELDS
         by_name = {f["name"]: f for f in self.table_schema["fields"]}
         by_lower = {f["name"].lower(): f for f in self.table_schema["fields"]}
         self.fields: list[dict] = []
         for field in self.arrow_schema:
-            df = by_name.get(field.name) or by_lower.get(field.name.lower())
+            df = (
+                extra.get(field.name) or by_name.get(field.name) or by_lower.get(field.name.lower())
+            )
             if df is None:
                 raise SourceError(
                     f"txn-delta source: column {field.name!r} of the stream's schema is not in "
                     f"the Delta table {opts.path} (columns: {sorted(by_name)})"
                 )
             self.fields.append(df)
+        # the stream's column -> its Delta type
+        self.types = {
+            field.name: df["type"] for field, df in zip(self.arrow_schema, self.fields, strict=True)
+        }
         # physical name (a partition value's key in the log) -> the stream's column
         self.column_of_physical = {
             _physical(df, self.mode): field.name
@@ -250,19 +361,34 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # --- file lists per version (cached: they never change) ---------------------
 
-    def _file(self, rel: str, partition_values: Mapping[str, Any], dv) -> DeltaFile:
+    def _file(
+        self, rel: str, partition_values: Mapping[str, Any], dv, size: int | None = 0
+    ) -> DeltaFile:
         from urllib.parse import unquote
 
         uri = rel if "://" in rel else _fs.join(self.opts.path, unquote(rel))
         pv = tuple(sorted(partition_values.items()))
-        return DeltaFile(uri, pv, None if not dv else tuple(sorted(dv.items())))
+        return DeltaFile(uri, pv, None if not dv else tuple(sorted(dv.items())), int(size or 0))
+
+    def _action_file(self, action: Mapping[str, Any]) -> DeltaFile:
+        """The file of an ``add``, ``remove`` or ``cdc`` action: partition values typed
+        from the log's strings, keyed by the stream's columns."""
+        values = {}
+        for key, raw in (action.get("partitionValues") or {}).items():
+            name = self.column_of_physical.get(key)
+            if name is not None:
+                values[name] = parse_partition_value(raw, self.types[name])
+        return self._file(action["path"], values, action.get("deletionVector"), action.get("size"))
 
     def _change_set(self, version: int, snapshot: bool) -> ChangeSet:
         key = (version, snapshot)
         if key not in self._changes:
-            self._changes[key] = (
-                self._snapshot_files(version) if snapshot else self._commit_files(version)
-            )
+            if self.change_feed:
+                self._changes[key] = self._feed_files(version, snapshot)
+            else:
+                self._changes[key] = (
+                    self._snapshot_files(version) if snapshot else self._commit_files(version)
+                )
         return self._changes[key]
 
     def _table_problem(
@@ -310,6 +436,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         physical = {f["name"]: _physical(f, mode) for f in schema["fields"]}
         actions = pa.table(dt.get_add_actions(flatten=False))
         paths = actions.column("path").to_pylist()
+        sizes = actions.column("size_bytes").to_pylist()
         if "partition" in actions.column_names:
             partitions = actions.column("partition").to_pylist()
         else:
@@ -320,24 +447,31 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ):
             dvs = _snapshot_deletion_vectors(self.fs, self.root, version, paths)
         files = []
-        for path, parts in zip(paths, partitions, strict=True):
+        for path, parts, size in zip(paths, partitions, sizes, strict=True):
             values = {}
             for key, value in (parts or {}).items():
                 name = self.column_of_physical.get(physical.get(key, key))
                 if name is not None:
                     values[name] = value
-            files.append(self._file(path, values, dvs.get(path)))
+            files.append(self._file(path, values, dvs.get(path), size))
         return ChangeSet(tuple(sorted(files, key=lambda f: f.uri)))
 
     def _commit_files(self, version: int) -> ChangeSet:
         actions = _read_commit(self.fs, self.root, version, self.opts.path)
         files = []
-        types = {
-            field.name: df["type"] for field, df in zip(self.arrow_schema, self.fields, strict=True)
-        }
         problem = self._commit_problem(version, actions)
         if problem:
             return self._stop(version, problem)
+        if self.opts.skip_change_commits and any(
+            a["remove"].get("dataChange", True) for a in actions if "remove" in a
+        ):
+            log.info(
+                "txn-delta source: skipping version %d of %s: it removes or rewrites rows "
+                "(skipChangeCommits=true)",
+                version,
+                self.opts.path,
+            )
+            return ChangeSet(())
         for action in actions:
             if "remove" in action and action["remove"].get("dataChange", True):
                 if self.opts.ignore_changes:
@@ -346,17 +480,56 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     version,
                     f"it removes data ({action['remove']['path']}); only appends can be "
                     "streamed. Set option ignoreChanges=true to stream the files such commits "
-                    "add and ignore what they remove.",
+                    "add and ignore what they remove, skipChangeCommits=true to skip such "
+                    "commits, or readChangeFeed=true to stream the table's change data feed.",
                 )
             add = action.get("add")
             if add and add.get("dataChange", True):
-                values = {}
-                for key, raw in (add.get("partitionValues") or {}).items():
-                    name = self.column_of_physical.get(key)
-                    if name is not None:
-                        values[name] = parse_partition_value(raw, types[name])
-                files.append(self._file(add["path"], values, add.get("deletionVector")))
+                files.append(self._action_file(add))
         return ChangeSet(tuple(files))
+
+    # --- readChangeFeed: change sets from delta_cdf ------------------------------
+
+    def _feed_files(self, version: int, snapshot: bool) -> ChangeSet:
+        """The change set of ``version`` in the change feed (``delta_cdf``): with
+        ``snapshot``, the table's files then as inserts."""
+        if snapshot:
+            files = self._snapshot_files(version)
+            if files.error:
+                return files
+            actions = _read_commit(self.fs, self.root, version, self.opts.path)
+            return ChangeSet(snapshot_changes(files.files, version, commit_timestamp_ms(actions)))
+        actions = _read_commit(self.fs, self.root, version, self.opts.path)
+        problem = self._commit_problem(version, actions)
+        if problem:
+            return self._stop(version, problem)
+        meta = next((a["metaData"] for a in actions if "metaData" in a), None)
+        if meta is not None:
+            self._feed_on[version] = records_change_data(meta.get("configuration"))
+        elif version - 1 in self._feed_on:
+            self._feed_on[version] = self._feed_on[version - 1]
+        partitioned = bool(meta["partitionColumns"] if meta else self.partition_columns)
+        changes = commit_changes(
+            version,
+            actions,
+            self._action_file,
+            partitioned,
+            lambda: self._records_change_data(version),
+        )
+        return self._stop(version, changes.error) if changes.error else changes
+
+    def _records_change_data(self, version: int) -> bool:
+        """Whether the table records change data at ``version``: from the metaData in
+        effect (known along the versions read in order, else from the version's commit or,
+        without a metaData action there, its table). A commit cleaned from the log is the
+        clear ``SourceError`` of ``_read_commit``."""
+        if version not in self._feed_on:
+            actions = _read_commit(self.fs, self.root, version, self.opts.path)
+            meta = next((a["metaData"] for a in actions if "metaData" in a), None)
+            if meta is None:
+                meta = {"configuration": self.opts.table(version).metadata().configuration}
+            self._feed_on[version] = records_change_data(meta.get("configuration"))
+        return self._feed_on[version]
 
     def _commit_problem(self, version: int, actions: list[dict]) -> str | None:
         protocol = next((a["protocol"] for a in actions if "protocol" in a), None)
@@ -396,28 +569,55 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._initial
 
     def _initial_offset(self) -> dict:
-        latest = self.opts.table().version()
+        dt = self.opts.table()
+        latest = dt.version()
         if self.opts.starting == "snapshot":
-            return self._offset(latest, 0, True)
-        if self.opts.starting == "latest":
-            return self._offset(latest + 1, 0, False)
-        version = int(self.opts.starting)
-        if version > latest + 1:
-            raise SourceError(
-                f"option startingVersion={version}: the Delta table at {self.opts.path} is at "
-                f"version {latest}; start at most at {latest + 1} (the next commit), or use "
-                "'latest'"
-            )
-        return self._offset(version, 0, False)
+            offset = self._offset(latest, 0, True)
+        elif self.opts.starting == "latest":
+            offset = self._offset(latest + 1, 0, False)
+        else:
+            version = int(self.opts.starting)
+            if version > latest + 1:
+                raise SourceError(
+                    f"option startingVersion={version}: the Delta table at {self.opts.path} is "
+                    f"at version {latest}; start at most at {latest + 1} (the next commit), or "
+                    "use 'latest'"
+                )
+            offset = self._offset(version, 0, False)
+        if self.change_feed:  # the table must record change data where the feed starts
+            at = min(offset["version"], latest)
+            if at == latest:
+                self._feed_on[at] = records_change_data(dt.metadata().configuration)
+            if not self._records_change_data(at):
+                raise no_change_data(self.opts.path, at)
+        return offset
 
     def _offset(self, version: int, index: int, snapshot: bool) -> dict:
-        return canonical(
-            {"version": version, "index": index, "snapshot": snapshot, "tableId": self.table_id}
-        )
+        offset = {
+            "version": version,
+            "index": index,
+            "snapshot": snapshot,
+            "tableId": self.table_id,
+        }
+        if self.change_feed:  # its indexes count change files, not adds: see _check_table
+            offset["changeFeed"] = True
+        return canonical(offset)
 
     def _check_table(self, offset: Mapping[str, Any], table_id: str | None = None) -> None:
         """An offset of another Delta table than the one at ``path`` is refused (offsets
-        without ``tableId``, written before ids were, are taken as they are)."""
+        without ``tableId``, written before ids were, are taken as they are), and so is one
+        made in the other mode (the index of a change-feed offset counts a version's change
+        files, that of an append offset its adds: read in the other mode, it would skip or
+        repeat rows)."""
+        made = bool(offset.get("changeFeed", False))
+        if made != self.change_feed:
+            raise SourceError(
+                f"txn-delta source: this query's checkpoint holds offsets made with "
+                f"readChangeFeed={str(made).lower()}, but the source now reads with "
+                f"readChangeFeed={str(self.change_feed).lower()}: their positions count other "
+                "files, so it would skip or repeat rows. Set readChangeFeed as the checkpoint "
+                "was made, or start a new query (a new checkpoint)"
+            )
         want = offset.get("tableId")
         got = table_id or self.table_id
         if want is not None and want != got:
@@ -455,17 +655,23 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = dt.version()
         if self.target_version is not None:
             latest = min(latest, self.target_version)
-        taken, end = 0, self._offset(latest + 1, 0, False)
+        taken, size, end = 0, 0, self._offset(latest + 1, 0, False)
+        max_bytes = self.opts.max_bytes_per_batch
         for (v, i, snap), item in self._files_from(start, latest):
             if isinstance(item, ChangeSet):  # stop before it; fail once nothing precedes it
                 if not taken:
                     raise SourceError(item.error)
                 end = self._offset(v, 0, snap)
                 break
-            if taken == self.opts.max_files_per_batch:
+            # maxBytesPerBatch is soft, as Delta's: files are taken while the batch holds
+            # fewer bytes than the limit (the last may cross it), and always one
+            if taken == self.opts.max_files_per_batch or (
+                max_bytes is not None and taken and size >= max_bytes
+            ):
                 end = self._offset(v, i, snap)
                 break
             taken += 1
+            size += item.size
         self.current = end if taken else start
         return self.current
 
@@ -501,10 +707,15 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        deleted = None
+        deleted = kept = None
         if f.deletion_vector:
             deleted = load_deletion_vector(self.opts.path, dict(f.deletion_vector), self.fs)
-        values = dict(f.partition_values)
+        select = getattr(f, "select", None)  # a change file between two deletion vectors
+        if select is not None:
+            kept = kept_rows(select, lambda dv: load_deletion_vector(self.opts.path, dv, self.fs))
+            if not len(kept):
+                return
+        values = f.constants()
         try:
             fh = self.fs.open(f.uri.removeprefix("file://"), "rb")
         except FileNotFoundError as e:
@@ -536,6 +747,15 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     plan.append(("part", values[field.name]))
                     continue
                 i = _lookup(index, df, self.mode)
+                if df is CHANGE_FIELDS[CHANGE_TYPE]:  # a cdc file's own column, by its name
+                    i = next(
+                        (k for k, ff in enumerate(file_fields) if ff.name == CHANGE_TYPE), None
+                    )
+                    if i is None:
+                        raise SourceError(
+                            f"txn-delta source: change data file {f.uri} of {self.opts.path} "
+                            f"has no {CHANGE_TYPE} column"
+                        )
                 if i is None:
                     plan.append(("null",))
                 else:
@@ -556,7 +776,12 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         column = batch.column(names[step[1]])
                         cols.append(_conform(column, field.type, df["type"], self.mode, where))
                 out = pa.RecordBatch.from_arrays(cols, schema=self.arrow_schema)
-                if deleted is not None and len(deleted):
+                if kept is not None:
+                    lo, hi = np.searchsorted(kept, [row, row + n])
+                    keep = np.zeros(n, dtype=bool)
+                    keep[(kept[lo:hi] - row).astype(np.int64)] = True
+                    out = out.filter(pa.array(keep))
+                elif deleted is not None and len(deleted):
                     lo, hi = np.searchsorted(deleted, [row, row + n])
                     if hi > lo:
                         keep = np.ones(n, dtype=bool)
@@ -570,3 +795,4 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # replayable: nothing to acknowledge; file lists before ``end`` are not asked again
         # (a replay would just list them again), so a long-running query's cache stays small
         self._changes = {k: v for k, v in self._changes.items() if k[0] >= end["version"]}
+        self._feed_on = {k: v for k, v in self._feed_on.items() if k >= end["version"] - 1}

@@ -34,6 +34,12 @@ class DeltaFile:
     partition_values: tuple[tuple[str, Any], ...] = ()
     # the add action's deletionVector descriptor, as sorted items; None without one
     deletion_vector: tuple[tuple[str, Any], ...] | None = None
+    # bytes of the data file as its action says (maxBytesPerBatch); 0 where it says none
+    size: int = 0
+
+    def constants(self) -> dict[str, Any]:
+        """Column name -> the value every row of the file has (its partition values)."""
+        return dict(self.partition_values)
 
 
 @dataclass(frozen=True)
@@ -160,8 +166,8 @@ def _snapshot_deletion_vectors(fs, root: str, version: int, paths: list[str]) ->
     for name in base_files:
         path = _fs.join(log, name)
         if name.endswith(".json"):
-            with fs.open(path, "r", encoding="utf-8") as fh:
-                lines = [json.loads(line) for line in fh if line.strip()]
+            text = _fs.read_text(fs, path)
+            lines = [json.loads(line) for line in text.splitlines() if line.strip()]
             take(a.get("add") for a in lines)
             sidecars += [a["sidecar"]["path"] for a in lines if "sidecar" in a]
         else:

@@ -4,6 +4,7 @@ file into the stream's Arrow schema."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -179,11 +180,22 @@ def _conform(arr, target, delta_type: Any, mode: str, where: str):
 def _partition_column(value: Any, target, n: int, where: str):
     import pyarrow as pa
 
-    if value is None:
-        return pa.nulls(n, target)
     try:
-        return pa.repeat(pa.scalar(value, type=target), n)
+        # repr too: values that compare equal can differ (0.0 and -0.0, 1 and True)
+        return _constant_column(value, target, n, repr(value))
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
         raise SourceError(
             f"txn-delta source: partition value {value!r} of {where} does not fit {target}: {e}"
         ) from e
+
+
+@functools.lru_cache(maxsize=16)
+def _constant_column(value: Any, target, n: int, _spelled: str):
+    """``n`` times ``value`` as an Arrow array of type ``target``. Cached: every batch of
+    a file, and every file of a version in the change feed, repeats the same few
+    columns (Arrow arrays are immutable, so one can serve them all)."""
+    import pyarrow as pa
+
+    if value is None:
+        return pa.nulls(n, target)
+    return pa.repeat(pa.scalar(value, type=target), n)
