@@ -20,6 +20,7 @@ from typing import Any
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import SnapshotRecord, TxnHandle
 from .delta_target import _NO_HOOKS, DeltaTarget, table_arrow_schema
+from .merge_pruning import pruning_predicate
 from .tombstones import Tombstones
 from .upsert import (
     DELETE_FLAG,
@@ -69,7 +70,7 @@ class DeltaMergeTarget(DeltaTarget):
     def commit(self, record: SnapshotRecord) -> int | None:
         version = super().commit(record)
         if record.txns:  # the staged change records were the MERGE's input: spent now
-            self.discard(record.snapshot_id, record.token)
+            self._remove_staged(record.snapshot_id, record.token, (), "merged (spent)")
         return version
 
     def _write_commit(
@@ -90,7 +91,8 @@ class DeltaMergeTarget(DeltaTarget):
             if source.num_rows:
                 self._merge(dt, source, on, props)
                 dt.update_incremental()
-        if (dt.transaction_version(self.sink_id) or -1) < batch_id:
+        done = dt.transaction_version(self.sink_id)
+        if done is None or done < batch_id:  # (batch 0 is done at version 0: not falsy)
             # nothing changed (every change stale, or none matched): delta-rs makes no
             # commit for such a MERGE. The batch is done all the same, in a commit of its
             # own that carries the app transaction and the record's stamps
@@ -130,9 +132,20 @@ class DeltaMergeTarget(DeltaTarget):
         return source, on
 
     def _merge(self, dt, source: Any, on: Sequence[str], props: Any) -> None:
+        import pyarrow as pa
+
         columns = [c for c in table_arrow_schema(dt).names if c in source.schema.names]
         values = {c: f"s.{quote(c)}" for c in columns}
         predicate = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in on)
+        # the keys' bounds as literals: delta-rs prunes files by them (merge_pruning)
+        pruning = pruning_predicate(
+            source,
+            self.spec.keys,
+            dt.metadata().partition_columns,
+            pa.table(dt.get_add_actions(flatten=True)),
+        )
+        if pruning is not None:
+            predicate = f"{predicate} AND {pruning}"
         merger = dt.merge(
             source,
             predicate=predicate,

@@ -382,6 +382,9 @@ class DeltaTarget(Target):
             return pq.read_table(f)
 
     def discard(self, snapshot_id: int, token: str, keep: Iterable[str] = ()) -> None:
+        self._remove_staged(snapshot_id, token, keep, "uncommitted")
+
+    def _remove_staged(self, snapshot_id: int, token: str, keep: Iterable[str], what: str) -> None:
         keep = set(keep)
         own: list[str] = []
         stray = [
@@ -391,9 +394,10 @@ class DeltaTarget(Target):
         ]
         if stray:
             log.info(
-                "sink %s: removing %d uncommitted files of snapshot %d",
+                "sink %s: removing %d %s files of snapshot %d",
                 self.sink_id,
                 len(stray),
+                what,
                 snapshot_id,
             )
             self.fs.rm(stray)
