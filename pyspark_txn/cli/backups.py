@@ -226,8 +226,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
     else:
         for r in restored:
             reads = "".join(f", source {s} reads {p}" for s, p in sorted(r.reads.items()))
-            print(
-                f"{r.original}: checkpoint {r.checkpoint}, path {r.path} "
-                f"(next batch {r.batch_id + 1}){reads}"
+            when = (
+                "restored by an earlier run: not changed now"
+                if r.earlier
+                else f"next batch {r.batch_id + 1}"
             )
+            print(f"{r.original}: checkpoint {r.checkpoint}, path {r.path} ({when}){reads}")
     return 0

@@ -143,6 +143,12 @@ def find_record_table(
             f"{location} is a file, not a checkpoint location or record table: give the "
             "query's checkpointLocation (a folder) or its record table"
         )
+    if latest_batch(uri) is not None:  # Spark's offsets: a query ran, no sink of ours did
+        raise ConfigError(
+            f"checkpoint {location}: no batch was committed through a pyspark-txn sink with "
+            "it yet (Spark planned batches, but its pyspark_txn/ folder holds no sink): "
+            "nothing to inspect until the query's first commit"
+        )
     raise ConfigError(
         f"no record table at {location} (looked for a checkpoint's {candidate} and for a "
         "Delta table at the location itself)"

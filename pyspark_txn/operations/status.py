@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -24,7 +24,13 @@ from ..spark.options import check_location
 from ..state import SnapshotRecord
 from ..state.core import is_export_token, reserved_unused
 from ..storage import fs as _fs
-from ..storage.checkpoint import latest_batch, read_query_id, read_sink_file
+from ..storage.checkpoint import (
+    latest_batch,
+    read_query_id,
+    read_restore_mark,
+    read_sink_file,
+    unfinished_restore,
+)
 from .handle import (
     POSTGRES,
     SinkHandle,
@@ -657,6 +663,12 @@ def _without_record_table(
             )
         return light_status(uri, kept, target_uri=target_uri, stale_after_s=stale_after_s)
     started = read_started_from(uri)
+    mark = read_restore_mark(uri)
+    unfinished = unfinished_restore(mark)
+    if unfinished is not None and locate_record_table(location) is None:
+        assert mark is not None
+        origin = started or {"backup": {k: mark.get(k) for k in ("backup_id", "to")}}
+        return replace(_not_started(uri, origin, kept), problems=(f"{unfinished}",))
     if started is None or locate_record_table(location) is not None:
         return None
     return _not_started(uri, started, kept)

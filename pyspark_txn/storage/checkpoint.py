@@ -73,6 +73,35 @@ def read_sink_file(checkpoint: str, fs_options=None) -> dict[str, Any] | None:
         return None
 
 
+#: The mark ``backups restore`` keeps in each checkpoint it writes: which backup, and
+#: whether the member's restore finished (then the restored table's version and id).
+RESTORE_FILE = ("pyspark_txn", "restore.json")
+
+
+def read_restore_mark(checkpoint: str, fs_options=None) -> dict[str, Any] | None:
+    """The restore mark of ``checkpoint`` (None: no restore wrote it)."""
+    fs, root = _fs.filesystem(checkpoint, fs_options)
+    try:
+        mark = json.loads(_fs.read_text(fs, _fs.join(root, *RESTORE_FILE)))
+    except FileNotFoundError:
+        return None
+    return mark if isinstance(mark, dict) else None
+
+
+def unfinished_restore(mark: dict[str, Any] | None) -> str | None:
+    """What to say of a checkpoint whose restore did not finish (None: it did, or there
+    was none): its query must not start, or it would write the part's rows again."""
+    if mark is None or mark.get("done"):
+        return None
+    how = "--in-place" if mark.get("in_place") else "--into DIR"
+    return (
+        f"the restore of backup {mark.get('backup_id')} (from {mark.get('to')}) into it is "
+        f"unfinished: run `pyspark-txn backups restore {mark.get('backup_id')} --to "
+        f"{mark.get('to')} {how}` again (as it was started) before starting its query; "
+        "started now, it would write the restored rows a second time"
+    )
+
+
 def persisted_sink_id(
     checkpoint: str,
     derived: str,
@@ -97,6 +126,10 @@ def persisted_sink_id(
     tools find it before the first record; it is kept as first written.
     """
     kept = read_sink_file(checkpoint, fs_options)
+    if kept is None:  # first use: a restore into this checkpoint must have finished
+        unfinished = unfinished_restore(read_restore_mark(checkpoint, fs_options))
+        if unfinished is not None:
+            raise ConfigError(f"checkpoint {checkpoint}: {unfinished}")
     if kept is not None:
         kept_mode = kept.get("mode", "snapshots")
         if kept_mode != mode:

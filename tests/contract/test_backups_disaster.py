@@ -263,3 +263,76 @@ def test_list_of_a_location_without_a_catalog_is_refused(tmp_path):
         backups.list_backups(str(tmp_path / "typo"))
     code, out, err = run_cli_process("backups", "list", "--to", str(tmp_path / "typo"))
     assert code == 2 and "no backup catalog there" in err and not out
+
+
+def test_a_query_never_starts_on_a_half_restored_checkpoint(pipe, tmp_path, monkeypatch):
+    """Trial 2, finding 1: a restore killed after a member's table was copied, then the
+    queries started before the restore was run again: the member started as a new query
+    into the table that held the part, and wrote every row a second time."""
+    restore_module = importlib.import_module("pyspark_txn.operations.backups.restore")
+    to = str(tmp_path / "backups")
+    backups.take(None, pipe.chks, to, reads=pipe.declared)
+    lose_everything(pipe)
+
+    class Killed(Exception):
+        pass
+
+    def killed(point):
+        if point == "restore_after_checkpoint:1":
+            raise Killed(point)
+
+    monkeypatch.setattr(restore_module, "_fault", killed)
+    with pytest.raises(Killed):
+        backups.restore(1, to, in_place=True)
+    monkeypatch.undo()
+    # b's table and checkpoint are written, its mark says unfinished: its sink refuses
+    with pytest.raises(ConfigError, match="restore of backup 1 .* is unfinished: run"):
+        SinkDriver(tmp_path, name="b")
+    code, out, err = run_cli_process("status", pipe.b.chk)
+    assert code == 1 and "unfinished" in out, (out, err)
+    # run again: it finishes, and the same queries go on to the same rows
+    restored = backups.restore(1, to, in_place=True)
+    assert [r.earlier for r in restored] == [True, False]
+    again = Pipe.restored(tmp_path, restored)
+    again.step_a(6 - again.next_a)
+    again.step_b()
+    assert ids(pipe.b.target) == ids(pipe.a.target) == list(range(30))
+    # another backup in place over the restored (and since run) pipeline: refused as a
+    # live checkpoint, not as "an unfinished restore"
+    backups.take(None, pipe.chks, to, reads=pipe.declared)
+    with pytest.raises(ConfigError, match="restored from backup 1 .* which may have run since"):
+        backups.restore(2, to, in_place=True)
+    # a rerun of a finished restore whose tables were moved away since does not report
+    # success: it says the table is gone
+    shutil.rmtree(pipe.a.target)
+    with pytest.raises(ConfigError, match="no longer holds that table \\(gone\\)"):
+        backups.restore(1, to, in_place=True)
+
+
+def test_a_copy_of_a_member_s_table_or_of_the_backup_location_is_refused(pipe, tmp_path):
+    """Trial 2, findings 3, 5, 6: a copied table keeps its Delta id (a declared copy of
+    the upstream was accepted and the reader cut as outside the backup); a copied backup
+    location keeps its catalog (a take into the copy spoilt the id in the original); a
+    part deleted with --force: take said "completed" where status said "failed"."""
+    copy = str(tmp_path / "a-copy")
+    shutil.copytree(pipe.a.target, copy)
+    to = str(tmp_path / "backups")
+    with pytest.raises(ConfigError, match=f"has the Delta table id of {pipe.a.target}.*copy"):
+        backups.take(None, pipe.chks, to, reads={pipe.b.chk: [copy]})
+    assert not os.path.exists(to)
+    backups.take(None, pipe.chks, to, reads=pipe.declared)
+    replica = str(tmp_path / "replica")
+    shutil.copytree(to, replica)
+    assert backups.verify(1, replica).ok  # a copy restores
+    with pytest.raises(ConfigError, match=f"is a copy of {to}.*Take them into {to}"):
+        backups.take(None, pipe.chks, replica, reads=pipe.declared)
+    shutil.rmtree(to)  # the original gone: the copy was a move, and takes on
+    assert backups.take(None, pipe.chks, replica, reads=pipe.declared).backup_id == 2
+    name = backups.part_name(2, backups._catalog_id(backups._open_catalog(replica)))
+    snapshots.delete(pipe.b.chk, name, force=True)
+    with pytest.raises(ConfigError, match=r"\(backup 2 is failed\)"):
+        backups.take(2, pipe.chks, replica, reads=pipe.declared)
+    with open(tmp_path / "a-file", "w") as f:
+        f.write("x")
+    with pytest.raises(ConfigError, match="is a file; backups need a directory"):
+        backups.take(None, pipe.chks, str(tmp_path / "a-file"), reads=pipe.declared)

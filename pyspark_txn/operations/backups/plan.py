@@ -131,7 +131,41 @@ def _members(
         )
         _check_reads(member, handle)
         out.append(member)
+    _refuse_copies(out)
     return out
+
+
+def _table_id(uri: str) -> str | None:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    from ...storage import current
+
+    try:
+        return str(DeltaTable(uri, storage_options=current().for_delta()).metadata().id)
+    except TableNotFoundError:
+        return None
+
+
+def _refuse_copies(members: Sequence[Member]) -> None:
+    """A declared table with the Delta id of a member's target at another path is a copy
+    of it (``cp -r``, a replica): its offsets' ``tableId`` cannot tell them apart, and the
+    reader would be cut as if it read a table outside the backup. Declare the member's
+    target itself."""
+    targets = {_table_id(m.target): m for m in members}
+    targets.pop(None, None)
+    for m in members:
+        for s, table in enumerate(m.reads):
+            if table is None:
+                continue
+            owner = targets.get(_table_id(table))
+            if owner is not None and _fs.location_key(owner.target) != _fs.location_key(table):
+                raise ConfigError(
+                    f"reads of {m.checkpoint}: source {s} is declared to read {table}, which "
+                    f"has the Delta table id of {owner.target}, the target of query "
+                    f"{owner.checkpoint}: a copy of it, or the same table under another name. "
+                    f"Declare {owner.target} itself"
+                )
 
 
 def _latest_offsets(handle: admin.SinkHandle) -> Sequence[Any]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import ConfigError, CorruptSnapshotError
 from ...storage import StorageOptions, current, takes_storage_options
 from ...storage import fs as _fs
+from ...storage.checkpoint import RESTORE_FILE, read_restore_mark
 from .. import snapshots
 from ..handle import open_sink
 from ..snapshots.location import _relation
@@ -40,8 +41,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Each restored member's own mark, in its new checkpoint: which restore wrote it and
-#: whether it finished (then with the restored table's version and id).
-MEMBER_MARKER = ("pyspark_txn", "restore.json")
+#: whether it finished (then with the restored table's version and id). A sink refuses
+#: to start on a checkpoint whose mark says unfinished (storage.checkpoint).
+MEMBER_MARKER = RESTORE_FILE
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Restored:
     path: str
     batch_id: int
     reads: Mapping[int, str]
+    earlier: bool = False  # restored by an earlier run of this restore, not now
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,6 +65,7 @@ class Restored:
             "path": self.path,
             "batch_id": self.batch_id,
             "reads": {str(k): v for k, v in self.reads.items()},
+            "earlier": self.earlier,
         }
 
 
@@ -134,8 +138,13 @@ def restore(
             )
             for i in range(len(members))
         }
-    mine = {"backup_id": backup_id, "to": _fs.normalize_uri(to), "catalog_id": catalog_id}
-    marks = {i: _read_mark(places[i][0]) for i in places}
+    mine = {
+        "backup_id": backup_id,
+        "to": _fs.normalize_uri(to),
+        "catalog_id": catalog_id,
+        "in_place": in_place,
+    }
+    marks = {i: read_restore_mark(places[i][0]) for i in places}
     for i, m in enumerate(members):
         check_startable(st.members[i].part)  # type: ignore[arg-type]  # completed: a part
         check_pair(*places[i])
@@ -163,7 +172,8 @@ def restore(
         mark = marks[i]
         if mark is not None and _is_done(mark, mine):
             restored[i] = (int(mark["table_version"]), str(mark["table_id"]))
-            out.append(Restored(m.checkpoint, chk, path, part.batch_id, reads))
+            _check_still_there(path, chk, backup_id, restored[i])
+            out.append(Restored(m.checkpoint, chk, path, part.batch_id, reads, earlier=True))
             continue
         _clear_unfinished(chk, path, marks[i], mine, in_place)
         _write_mark(chk, {**mine, "member": m.checkpoint, "done": False})
@@ -223,15 +233,6 @@ def _check_sources(members: Sequence[Member], st: BackupStatus, accept_message_l
                 )
 
 
-def _read_mark(checkpoint: str) -> dict[str, Any] | None:
-    fs, root = _fs.filesystem(checkpoint)
-    try:
-        mark = json.loads(_fs.read_text(fs, _fs.join(root, *MEMBER_MARKER)))
-    except FileNotFoundError:
-        return None
-    return mark if isinstance(mark, dict) else None
-
-
 def _write_mark(checkpoint: str, mark: Mapping[str, Any]) -> None:
     fs, root = _fs.filesystem(checkpoint)
     path = _fs.join(root, *MEMBER_MARKER)
@@ -263,11 +264,18 @@ def _check_in_place(
     chk, path = place
     if _is_ours(mark, mine):
         return  # this restore's own unfinished work: it is redone
+    if mark is not None and mark.get("done"):
+        raise ConfigError(
+            f"restore in place: {chk} is the checkpoint of a query restored from backup "
+            f"{mark.get('backup_id')} (in {mark.get('to')}), which may have run since. Stop "
+            "the pipeline and move its checkpoints, target tables and record tables away "
+            "first (a restore in place never overwrites them), or restore with --into"
+        )
     if mark is not None:
         raise ConfigError(
             f"restore in place: {chk} holds the unfinished restore of backup "
-            f"{mark.get('backup_id')} (in {mark.get('to')}); finish that restore, or remove "
-            "it first"
+            f"{mark.get('backup_id')} (in {mark.get('to')}); finish that restore (run it "
+            "again), or move that checkpoint away first"
         )
     places = [("checkpoint", chk), ("target table", path)]
     inside = m.record_table is not None and _relation(m.record_table, chk) == "is inside"
@@ -356,6 +364,29 @@ def _live_record_table(checkpoint: str) -> str | None:
     except Exception as e:  # noqa: BLE001 - gone with the pipeline: nothing to keep apart
         log.info("restore: the sink of %s cannot be read (%s)", checkpoint, e)
         return None
+
+
+def _check_still_there(path: str, chk: str, backup_id: int, restored: tuple[int, str]) -> None:
+    """A member an earlier run restored must still have its table (the same one, at the
+    restored version or later): a rerun after it was moved or deleted says so instead of
+    reporting success."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    version, table_id = restored
+    try:
+        dt = DeltaTable(path, storage_options=current().for_delta())
+        now: str | None = str(dt.metadata().id)
+        at = dt.version()
+    except TableNotFoundError:
+        now, at = None, -1
+    if now != table_id or at < version:
+        raise ConfigError(
+            f"backup {backup_id} was restored into {chk} and {path} by an earlier run, but "
+            f"{path} no longer holds that table ({'gone' if now is None else 'replaced'}): "
+            "restore into new locations (--into), or move that checkpoint away too and "
+            "restore in place again"
+        )
 
 
 def _table_identity(table: str) -> tuple[int, str]:

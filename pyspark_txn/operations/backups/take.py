@@ -4,6 +4,7 @@ one named snapshot per member."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +14,6 @@ from ...storage import StorageOptions, takes_storage_options
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 from ...storage import fs as _fs
-from .. import handle as admin
 from .. import snapshots
 from ..snapshots.location import _relation
 from .catalog import (
@@ -26,6 +26,7 @@ from .catalog import (
     _event,
     _events,
     _fault,
+    _find_catalog,
     _now,
     _open_catalog,
     _owner,
@@ -45,7 +46,7 @@ from .plan import (
     _members,
     _plan,
 )
-from .status import BackupStatus, status
+from .status import BackupStatus, _status_from, status
 
 log = logging.getLogger(__name__)
 
@@ -107,19 +108,47 @@ def _check_to(to: str, members: Sequence[Member]) -> None:
     if not isinstance(to, str) or not to.strip():
         raise ConfigError("to: must name a directory")
     uri = _fs.normalize_uri(to)
+    if _fs.is_local(uri) and os.path.exists(uri) and not os.path.isdir(uri):
+        raise ConfigError(f"to={to!r}: is a file; backups need a directory")
     for m in members:
-        handle = admin.open_sink(m.checkpoint)
         for what, where in (
             ("the target of", m.target),
             ("the checkpoint of", m.checkpoint),
-            ("the record table of", handle.record_table),
+            ("the record table of", m.record_table),
         ):
+            if where is None:
+                continue
             how = _relation(uri, _fs.normalize_uri(where))
             if how is not None:
                 raise ConfigError(
                     f"to={to!r}: {how} {what} query {m.checkpoint} ({where}); backups need a "
                     "location outside and not around the pipeline's tables and checkpoints"
                 )
+
+
+def _refuse_copied_location(to: str, rows: list[dict[str, Any]], catalog_id: str) -> None:
+    """A backup location copied whole (``cp -a``, a bucket sync) has its original's
+    catalog, id and all: it restores, but a take into it would name its parts as the
+    original's do (``backup-<id>-<catalog id>``) and spoil that id there. Refused while
+    the original is still there with the same catalog; a location moved (the original
+    gone) takes backups on."""
+    origin = next(
+        (r["body"].get("location") for r in reversed(rows) if r["event"] == "started"), None
+    )
+    here = _fs.normalize_uri(to)
+    if not origin or _fs.location_key(origin) == _fs.location_key(here):
+        return
+    try:
+        other = _find_catalog(origin)
+    except Exception as e:  # noqa: BLE001 - another store, other credentials: cannot tell
+        log.warning("backups in %s: the location it was copied from cannot be read: %r", to, e)
+        return
+    if other is not None and _catalog_id(other) == catalog_id:
+        raise ConfigError(
+            f"to={to!r}: this backup location is a copy of {origin} (the same catalog, id "
+            f"{catalog_id}): its backups restore, but new backups go to one of the two only. "
+            f"Take them into {origin}, or into a new location"
+        )
 
 
 def _allocate(
@@ -130,6 +159,7 @@ def _allocate(
     for _ in range(20):
         dt = _open_catalog(to, create=True)
         rows = _rows(dt)
+        _refuse_copied_location(to, rows, _catalog_id(dt))
         highest = max((r["backup_id"] for r in rows), default=0)
         if backup_id is None and highest >= MAX_ID:
             raise ConfigError(
@@ -146,6 +176,13 @@ def _allocate(
                 "delete_started",
                 "completed",
             }
+            if started is not None and ended == {"completed"}:
+                # what status says of it now (its parts may be gone since)
+                now = _status_from(rows, chosen, to, _catalog_id(dt)).state
+                raise ConfigError(
+                    f"backup id {chosen}: ids must grow and are never reused; the highest so "
+                    f"far in {to} is {highest} (backup {chosen} is {now})"
+                )
             if started is None or ended:
                 # the last word on it: deleted over failed over completed
                 last = next(
@@ -190,7 +227,11 @@ def _allocate(
             "event": "started",
             "member": None,
             "at": _now(),
-            "body": {"owner": dict(owner), "members": [m.to_json() for m in members]},
+            "body": {
+                "owner": dict(owner),
+                "members": [m.to_json() for m in members],
+                "location": _fs.normalize_uri(to),
+            },
         }
         try:
             _append(dt, [started_row], take_id=chosen)
