@@ -112,3 +112,27 @@ def lose_everything(pipe):
 
 def _of(options, suffix):
     return {k[: -len(suffix)]: v for k, v in options.items() if k.endswith(suffix)}
+
+
+class Killed(Exception):
+    """A restore stopped at a fault point (as kill -9 would stop it there)."""
+
+
+def restore_killed_at(monkeypatch, point, *args, **kwargs):
+    """``backups.restore(*args, **kwargs)`` stopped at the fault point ``point``."""
+    import importlib
+
+    import pytest
+
+    from pyspark_txn.operations import backups
+
+    restore_module = importlib.import_module("pyspark_txn.operations.backups.restore")
+
+    def stop(at):
+        if at == point:
+            raise Killed(at)
+
+    with monkeypatch.context() as m:
+        m.setattr(restore_module, "_fault", stop)
+        with pytest.raises(Killed):
+            backups.restore(*args, **kwargs)

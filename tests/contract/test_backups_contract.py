@@ -1,12 +1,12 @@
 """Backups of sinks driven without Spark (SinkDriver): where parts live, what is refused
 before anything is written, and the messages (issue 25's trial)."""
 
-import importlib
 import json
 import os
 import shutil
 
 import pytest
+from backup_pipe import restore_killed_at
 from deltalake import DeltaTable
 from support import run_cli_process
 from test_admin import SinkDriver
@@ -181,26 +181,13 @@ def test_a_resumed_restore_reads_on_from_the_version_it_restored(sink, tmp_path,
     the restore left."""
     from deltalake import write_deltalake
 
-    restore_module = importlib.import_module("pyspark_txn.operations.backups.restore")
-
     up_version = DeltaTable(sink.target).version()
     b = _reader(tmp_path, sink, offsets=[_delta_offset(up_version + 1)])
     to, into = str(tmp_path / "backups"), str(tmp_path / "restored")
     assert backups.take(1, [sink.chk, b.chk], to, reads={b.chk: [sink.target]}).state == (
         "completed"
     )
-
-    class Killed(Exception):
-        pass
-
-    def killed_after_first_part(point):
-        if point == "exit_after_restore_part":
-            raise Killed(point)
-
-    monkeypatch.setattr(restore_module, "_fault", killed_after_first_part)
-    with pytest.raises(Killed):
-        backups.restore(1, to, into)
-    monkeypatch.undo()
+    restore_killed_at(monkeypatch, "exit_after_restore_part", 1, to, into)
     restored_up = os.path.join(into, "part-0", "table")
     left_at = DeltaTable(restored_up).version()
     # the user starts the restored upstream query: its table moves on

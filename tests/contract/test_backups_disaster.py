@@ -13,7 +13,7 @@ import os
 import shutil
 
 import pytest
-from backup_pipe import Pipe, ids, lose_everything
+from backup_pipe import Pipe, ids, lose_everything, restore_killed_at
 from deltalake import DeltaTable, write_deltalake
 from support import run_cli_process
 from test_admin import SinkDriver
@@ -269,22 +269,10 @@ def test_a_query_never_starts_on_a_half_restored_checkpoint(pipe, tmp_path, monk
     """Trial 2, finding 1: a restore killed after a member's table was copied, then the
     queries started before the restore was run again: the member started as a new query
     into the table that held the part, and wrote every row a second time."""
-    restore_module = importlib.import_module("pyspark_txn.operations.backups.restore")
     to = str(tmp_path / "backups")
     backups.take(None, pipe.chks, to, reads=pipe.declared)
     lose_everything(pipe)
-
-    class Killed(Exception):
-        pass
-
-    def killed(point):
-        if point == "restore_after_checkpoint:1":
-            raise Killed(point)
-
-    monkeypatch.setattr(restore_module, "_fault", killed)
-    with pytest.raises(Killed):
-        backups.restore(1, to, in_place=True)
-    monkeypatch.undo()
+    restore_killed_at(monkeypatch, "restore_after_checkpoint:1", 1, to, in_place=True)
     # b's table and checkpoint are written, its mark says unfinished: its sink refuses
     with pytest.raises(ConfigError, match="restore of backup 1 .* is unfinished: run"):
         SinkDriver(tmp_path, name="b")
