@@ -19,7 +19,7 @@ from typing import Any
 
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import SnapshotRecord, TxnHandle
-from .delta_target import _NO_HOOKS, DeltaTarget, table_arrow_schema
+from .delta_target import _NO_HOOKS, DeltaTarget, schema_from_b64, table_arrow_schema
 from .merge_pruning import pruning_predicate
 from .tombstones import Tombstones
 from .upsert import (
@@ -61,7 +61,11 @@ class DeltaMergeTarget(DeltaTarget):
         rules say (no null key, no two changes of one key that nothing orders). Read
         here, before the record, from the staged files' key and sequence columns."""
         super().preflight(record)
-        rows = self._batch_rows(record.txns, [*self.spec.keys, *self.spec.sequence_by])
+        rows = self._batch_rows(
+            record.txns,
+            schema_from_b64(record.target["arrow_schema"]),
+            [*self.spec.keys, *self.spec.sequence_by],
+        )
         if rows is not None:
             check_batch(rows, self.spec)
 
@@ -85,7 +89,7 @@ class DeltaMergeTarget(DeltaTarget):
         props = self._commit_properties(batch_id, stamps)
         dt = self._table_for_commit(dt, target_meta, recheck, None)
         before = dt.version()
-        rows = self._batch_rows(txns)
+        rows = self._batch_rows(txns, schema_from_b64(target_meta["arrow_schema"]))
         if rows is not None:
             source, on = self._source(dt, rows, batch_id)
             if source.num_rows:
@@ -184,16 +188,30 @@ class DeltaMergeTarget(DeltaTarget):
         remembered = tombstones.of(flagged, batch_id) if tombstones is not None else None
         return scd2_versions(existing, flagged, self.spec, columns, remembered)
 
-    def _batch_rows(self, txns: Sequence[TxnHandle], columns: Sequence[str] | None = None) -> Any:
+    def _batch_rows(
+        self, txns: Sequence[TxnHandle], schema: Any, columns: Sequence[str] | None = None
+    ) -> Any:
         """The batch's staged change records, in the order they were staged (files by
-        task, rows as written): one table; None for a batch without rows."""
+        task, rows as written): one table; None for a batch without rows. A staged file
+        of a partitioned table holds no partition column (its folder's name does, as
+        Delta's files): the values come from its handle, typed as ``schema`` (the
+        table's) says."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        wanted = list(columns) if columns is not None else None
+        in_files = None if wanted is None else [c for c in wanted if c not in self.partition_by]
         parts = []
         for t in txns:
             with self.fs.open(self._abs(t.handle), "rb") as f:
-                parts.append(pq.read_table(f, columns=list(columns) if columns else None))
+                rows = pq.read_table(f, columns=in_files)
+            values = t.meta.get("partition_values") or {}
+            for c in self.partition_by:
+                if wanted is None or c in wanted:
+                    field = schema.field(c).with_nullable(True)
+                    value = pa.array([values.get(c)] * rows.num_rows, pa.string())
+                    rows = rows.append_column(field, value.cast(field.type))
+            parts.append(rows)
         if not parts:
             return None
         return pa.concat_tables(parts, promote_options="permissive")

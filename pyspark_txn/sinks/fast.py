@@ -195,6 +195,7 @@ class DeltaBatchWriter:
         self._record_table_ready = False
         self._connect_run: str | None = None
         self._written: tuple[str | None, int] | None = None  # (run, batch) last written
+        self._mode: tuple[str | None, str | None] | None = None  # (run, its output mode)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Spark Connect pickles the function at start() and unpickles it once, in the
@@ -231,6 +232,7 @@ class DeltaBatchWriter:
                 f"{query_id}, but this batch is of query {job.query_id}: pass the query's own "
                 "checkpointLocation as checkpoint="
             )
+        opts = self._for_output_mode(df.sparkSession, job)
         if job.run_id is None and not opts.light:
             raise ConfigError(
                 "delta_batch_writer: Spark's run id of this batch is not visible (its job "
@@ -286,7 +288,10 @@ class DeltaBatchWriter:
         snapshot_id, token = committer.allocate(opts.write_meta())
         try:
             # A replay was decided before: the committer recognises it (or a checkpoint
-            # that went back) from the record; Spark's write never runs.
+            # that went back) from the record; Spark's write never runs (a stateful
+            # query's batch runs for its operators' state alone).
+            if replay:
+                _run_stateful_replay(df, opts, batch_id)
             txns = [] if replay else self._stage(df, arrow_schema, batch_id, snapshot_id, token)
             committer.commit(
                 batch_id,
@@ -301,6 +306,26 @@ class DeltaBatchWriter:
             raise
         self._written = (job.run_id, batch_id)
 
+    def _for_output_mode(self, spark, job: _SparkJob) -> DeltaSinkOptions:
+        """The options as the query's output mode needs them (a classic session says it;
+        elsewhere the options as given: append, or a merge with keys). Update mode's
+        batches hold the rows that changed: only a merge by key keeps them once. Complete
+        mode's batches are the whole result: each replaces the table's rows, as txn-delta
+        does in complete mode."""
+        if self._mode is None or self._mode[0] != job.run_id:
+            self._mode = (job.run_id, _output_mode(spark, job.query_id))
+        mode = self._mode[1]
+        if mode == "update" and self._given.upsert is None:
+            raise ConfigError(
+                "delta_batch_writer: the query runs in update mode, whose batches hold only "
+                "the rows that changed: give keys=... (the grouping columns) to merge them "
+                "into the table by key; appended, every update would be one more row"
+            )
+        if mode == "complete" and not self._given.complete:
+            self._given = self._given.for_complete_mode()  # (keys are refused there)
+            self._opts = None
+        return self._given
+
     def _light_batch(
         self, df, batch_id: int, target: DeltaTarget, query_id: str | None, arrow_schema
     ) -> None:
@@ -309,6 +334,7 @@ class DeltaBatchWriter:
         opts = self.opts
         done = target.committed_batch(opts.sink_id)
         if done is not None and done >= batch_id:
+            _run_stateful_replay(df, opts, batch_id)
             log.info(
                 "sink %s (light): batch %d is already in the table (batch %d is); not "
                 "written again",
@@ -470,6 +496,46 @@ _HADOOP_OPTIONS = {
 def _quoted(column: str) -> str:
     """A column name as Spark's parser reads it literally (dots, spaces, backticks)."""
     return "`" + column.replace("`", "``") + "`"
+
+
+def _output_mode(spark, query_id: str | None) -> str | None:
+    """The output mode (``append``, ``update``, ``complete``) of the streaming query
+    ``query_id``, asked of the JVM: the batch's DataFrame does not say it, and the
+    session ``foreachBatch`` gets is the query's clone, whose query manager does not know
+    the query; the default session's does (where the query was started from it). None
+    where it cannot be told (Spark Connect, another session, another Spark)."""
+    if query_id is None or _is_connect(spark):
+        return None
+    try:
+        session = spark.sparkContext._jvm.org.apache.spark.sql.SparkSession.getDefaultSession()
+        if session.isEmpty():
+            return None
+        query = session.get().streams().get(query_id)
+        if query is None:
+            return None
+        return str(query.streamingQuery().outputMode().toString()).lower()
+    except Exception:  # a Spark whose classes differ: not known
+        log.debug("output mode of query %s not found", query_id, exc_info=True)
+        return None
+
+
+def _run_stateful_replay(df, opts: DeltaSinkOptions, batch_id: int) -> None:
+    """A replayed batch of a stateful query (aggregations, deduplication, joins: its
+    checkpoint has ``state/``) still runs, rows discarded (Spark's ``noop`` sink): Spark
+    commits the operators' state of a batch only where the batch runs, and refuses to go
+    on without it (PySpark 4.3: STATE_STORE_COMMIT_VALIDATION_FAILED). The state it
+    commits is the one the first run committed (the same offsets, the same state before).
+    A stateless replay runs nothing."""
+    fs, root = _fs.filesystem(opts.checkpoint_location, opts.storage)
+    if not fs.isdir(_fs.join(root, "state")):
+        return
+    log.info(
+        "sink %s: batch %d is a replay of a stateful query: run for its state only, "
+        "nothing written",
+        opts.sink_id,
+        batch_id,
+    )
+    df.write.format("noop").mode("overwrite").save()
 
 
 def _roll_back(undo: Callable[[], None], sink_id: str, batch_id: int) -> None:

@@ -47,6 +47,12 @@ def _open(uri: str, storage_options: Mapping[str, str] | None, version: int | No
         return None
 
 
+def _done(dt, sink_id: str) -> int:
+    """The sink's last batch in the tombstone table, -1 for none (batch 0 is a batch)."""
+    done = dt.transaction_version(sink_id)
+    return -1 if done is None else int(done)
+
+
 def tombstones_as_of(
     table_uri: str, sink_id: str, batch_id: int, storage_options: Mapping[str, str] | None
 ) -> tuple[str, int] | None:
@@ -56,7 +62,7 @@ def tombstones_as_of(
     dt = _open(uri, dict(storage_options) if storage_options else None)
     if dt is None:
         return None
-    while (dt.transaction_version(sink_id) or -1) > batch_id:
+    while _done(dt, sink_id) > batch_id:
         if dt.version() == 0:
             return None
         dt.load_as_version(dt.version() - 1)
@@ -92,7 +98,7 @@ class Tombstones:
         parts = []
         own = _open(self.uri, self.storage_options)
         if own is not None:
-            while (own.transaction_version(self.sink_id) or -1) >= batch_id:
+            while _done(own, self.sink_id) >= batch_id:
                 if own.version() == 0:
                     own = None
                     break
@@ -132,7 +138,7 @@ class Tombstones:
         from .delta_target import maintain_log
 
         dt = _open(self.uri, self.storage_options)
-        if dt is not None and (dt.transaction_version(self.sink_id) or -1) >= batch_id:
+        if dt is not None and _done(dt, self.sink_id) >= batch_id:
             return  # this batch's tombstones landed before a crash
         now = int(time.time() * 1000)
         fields = [schema.field(c) for c in self._columns()]
