@@ -571,7 +571,7 @@ class DeltaTarget(Target):
         if done is not None:
             self._check_held_by(dt, done, query_id)
             return None, True
-        if dt is not None and not txns:
+        if dt is not None and not txns and not self.commits_empty_batches:
             return None, False
         dt = self._write_commit(
             dt, batch_id, txns, target_meta, {"query_id": query_id or "", "mode": "light"}

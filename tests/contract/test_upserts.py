@@ -361,3 +361,38 @@ def test_a_query_started_from_a_snapshot_inherits_the_tombstones(tmp_path):
     data[8] ^= 0xFF
     part.write_bytes(bytes(data))
     assert not snapshots.verify(sink.chk, "after-delete").ok
+
+
+def test_complete_mode_verifies_clean_and_an_empty_light_result_empties_the_table(tmp_path):
+    """verify: a complete-mode record's files are out of the table once the next result
+    replaced them, by design (no warning); light mode: an empty result empties the table
+    as in snapshots mode."""
+    from pyspark_txn.sinks.light import LIGHT_SNAPSHOT_ID
+    from pyspark_txn.state import new_token
+
+    schema = pa.schema([pa.field("k", pa.int64()), pa.field("n", pa.int64())])
+    sink = ChangeSink(tmp_path, schema=schema, complete=True)
+    for result in ([(0, 1)], [(0, 2), (1, 1)], [(1, 5)]):
+        sink.batch(result)
+    report = admin.verify(admin.open_sink(sink.chk))
+    assert report.ok and not report.problems, report.problems
+
+    light = DeltaSinkOptions.parse(
+        {
+            "path": str(tmp_path / "light"),
+            "checkpointLocation": str(tmp_path / "lc"),
+            "mode": "light",
+        }
+    ).for_complete_mode()
+    light = light.with_checkpoint_sink_id()
+    for batch_id, result in enumerate(([(0, 1), (1, 2)], [])):
+        token = new_token()
+        rows = pa.Table.from_pylist([dict(zip(schema.names, r)) for r in result], schema=schema)
+        txns = stage_partition(
+            rows.to_batches(), light.staging(), LIGHT_SNAPSHOT_ID, token, 0, schema
+        )
+        light.light_committer().commit(
+            batch_id, token, txns, query_id="q", target_meta=light.target_meta(schema, None)
+        )
+        got = DeltaTable(light.path).to_pyarrow_table().num_rows
+        assert got == len(result), (batch_id, got)
