@@ -324,6 +324,9 @@ def latest_per_key(rows: Any, spec: UpsertSpec) -> Any:
 
     if not spec.sequence_by or rows.num_rows < 2:
         return rows
+    keys = rows.select(list(spec.keys))
+    if keys.group_by(list(spec.keys)).aggregate([]).num_rows == rows.num_rows:
+        return rows  # one change per key (the common case): no sort of every row
     order = [(k, "ascending") for k in spec.keys] + [(s, "descending") for s in spec.sequence_by]
     ranked = rows.append_column("__i", pa.array(range(rows.num_rows), pa.int64())).sort_by(order)
     firsts = ranked.group_by(list(spec.keys), use_threads=False).aggregate([("__i", "first")])
