@@ -8,22 +8,9 @@ where an append sink makes no commit for one."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-from ..state import TxnHandle
-from .delta_target import _NO_HOOKS, DeltaTarget, add_actions
+from .delta_target import DeltaTarget
 
 
 class DeltaOverwriteTarget(DeltaTarget):
     commits_empty_batches = True
-
-    def _apply(self, dt, txns: Sequence[TxnHandle], target_meta: Mapping[str, Any], props) -> None:
-        dt.create_write_transaction(
-            add_actions(txns),
-            mode="overwrite",
-            schema=dt.schema(),
-            partition_by=self.partition_by or None,
-            commit_properties=props,
-            post_commithook_properties=_NO_HOOKS(),
-        )
+    write_mode = "overwrite"

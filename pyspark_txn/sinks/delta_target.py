@@ -67,6 +67,8 @@ class DeltaTarget(Target):
     )
     #: Whether a batch without rows changes the table (complete mode: it empties it).
     commits_empty_batches = False
+    #: How a batch's staged files go into the table (complete mode: ``overwrite``).
+    write_mode = "append"
 
     def __init__(
         self,
@@ -718,10 +720,10 @@ class DeltaTarget(Target):
 
     def _apply(self, dt, txns: Sequence[TxnHandle], target_meta: Mapping[str, Any], props) -> None:
         """How a batch's staged files change the table, in one commit carrying ``props``:
-        appended here (subclasses: overwritten, merged by key)."""
+        added as :attr:`write_mode` says (a subclass may merge them by key instead)."""
         dt.create_write_transaction(
             add_actions(txns),
-            mode="append",
+            mode=self.write_mode,
             schema=dt.schema(),
             partition_by=self.partition_by or None,
             commit_properties=props,
