@@ -19,7 +19,8 @@ from typing import Any
 
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import SnapshotRecord, TxnHandle
-from .delta_target import _NO_HOOKS, DeltaTarget, schema_from_b64, table_arrow_schema
+from .delta_commit import _NO_HOOKS
+from .delta_target import DeltaTarget, schema_from_b64, table_arrow_schema
 from .merge_pruning import pruning_predicate
 from .tombstones import Tombstones
 from .upsert import (

@@ -135,7 +135,7 @@ class Tombstones:
         from deltalake import DeltaTable
         from deltalake.transaction import CommitProperties, Transaction
 
-        from .delta_target import maintain_log
+        from .delta_commit import maintain_log
 
         dt = _open(self.uri, self.storage_options)
         if dt is not None and _done(dt, self.sink_id) >= batch_id:

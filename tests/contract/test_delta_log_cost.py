@@ -301,6 +301,6 @@ def test_unreadable_or_many_new_commits_are_left_to_delta_rs(tmp_path, monkeypat
         _foreign_txn(uri, "someone-else", i)
     _foreign_txn(uri, SINK, 9)
     assert target.committed_batch(SINK) == 9 and asked == [SINK]
-    monkeypatch.setattr("pyspark_txn.sinks.delta_target.read_commit_actions", lambda *a, **k: None)
+    monkeypatch.setattr("pyspark_txn.sinks.delta_commit.read_commit_actions", lambda *a, **k: None)
     _foreign_txn(uri, SINK, 10)
     assert target.committed_batch(SINK) == 10 and asked == [SINK, SINK]
