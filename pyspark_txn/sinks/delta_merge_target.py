@@ -20,6 +20,7 @@ from typing import Any
 from ..faults import NO_FAULTS, FaultPlan
 from ..state import SnapshotRecord, TxnHandle
 from .delta_commit import _NO_HOOKS
+from .delta_keys import rows_of_keys
 from .delta_target import DeltaTarget, schema_from_b64, table_arrow_schema
 from .merge_pruning import pruning_predicate
 from .tombstones import Tombstones
@@ -176,16 +177,9 @@ class DeltaMergeTarget(DeltaTarget):
 
     def _scd2_source(self, dt, flagged: Any, tombstones: Tombstones | None, batch_id: int) -> Any:
         """The versions of the keys the batch touches that are new or end elsewhere now."""
-        import pyarrow.compute as pc
-
-        first = self.spec.keys[0]
-        columns = table_arrow_schema(dt).names
-        existing = dt.to_pyarrow_dataset().to_table(
-            columns=columns, filter=pc.field(first).isin(pc.unique(flagged.column(first)))
-        )
-        if len(self.spec.keys) > 1 and existing.num_rows:
-            keys = flagged.select(list(self.spec.keys)).group_by(list(self.spec.keys)).aggregate([])
-            existing = existing.join(keys, keys=list(self.spec.keys), join_type="left semi")
+        schema = table_arrow_schema(dt)
+        columns = schema.names
+        existing = rows_of_keys(dt, flagged, self.spec.keys, schema)
         remembered = tombstones.of(flagged, batch_id) if tombstones is not None else None
         return scd2_versions(existing, flagged, self.spec, columns, remembered)
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..storage import fs as _fs
+from .delta_keys import rows_of_keys
 from .upsert import UpsertSpec, latest_per_key, newer_sql, quote
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class Tombstones:
         after its tombstones landed reads them as they were before them, or the batch's
         own deletes would make it stale."""
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         if rows.num_rows == 0:
             return None
@@ -103,29 +105,27 @@ class Tombstones:
                     own = None
                     break
                 own.load_as_version(own.version() - 1)
-        if own is not None:
-            parts.append(self._of_keys(own, rows))
         inherited = _open(self.inherited, self.storage_options)
-        if inherited is not None:
-            parts.append(self._of_keys(inherited, rows, expired_before=self._cutoff()))
+        cutoff = self._cutoff()
+        for dt in (own, inherited):
+            if dt is not None:
+                kept = self._of_keys(dt, rows)
+                # deletes older than the retention are forgotten when read, not only when
+                # the next batch with deletes rewrites the table
+                kept = kept.filter(pc.greater_equal(kept.column(DELETED_AT), cutoff))
+                parts.append(kept.select(self._columns()))
         parts = [p for p in parts if p.num_rows]
         return pa.concat_tables(parts) if parts else None
 
     def _cutoff(self) -> int:
         return int(time.time() * 1000) - self.spec.tombstone_retention_s * 1000
 
-    def _of_keys(self, dt, rows: Any, expired_before: int | None = None) -> Any:
-        import pyarrow.compute as pc
+    def _of_keys(self, dt, rows: Any) -> Any:
+        import pyarrow as pa
 
-        first = self.spec.keys[0]
-        wanted = pc.field(first).isin(pc.unique(rows.column(first)))
-        if expired_before is not None:
-            wanted = wanted & (pc.field(DELETED_AT) >= expired_before)
-        kept = dt.to_pyarrow_dataset().to_table(columns=self._columns(), filter=wanted)
-        if len(self.spec.keys) > 1 and kept.num_rows:
-            keys = rows.select(list(self.spec.keys)).group_by(list(self.spec.keys)).aggregate([])
-            kept = kept.join(keys, keys=list(self.spec.keys), join_type="left semi")
-        return kept
+        fields = [rows.schema.field(c) for c in self._columns()]
+        schema = pa.schema([*fields, pa.field(DELETED_AT, pa.int64())])
+        return rows_of_keys(dt, rows, self.spec.keys, schema)
 
     def record(self, deletes: Any, batch_id: int, schema: Any) -> None:
         """Remember ``deletes`` (keys and sequences; with SCD type 1 the greatest per key

@@ -345,7 +345,11 @@ def without_tombstoned(source: Any, tombstones: Any, spec: UpsertSpec) -> Any:
     renamed = tombstones.select(list(spec.keys) + list(spec.sequence_by)).rename_columns(
         list(spec.keys) + [f"__t_{s}" for s in spec.sequence_by]
     )
-    indexed = source.append_column("__i", pa.array(range(source.num_rows), pa.int64()))
+    # keys, sequence and a row number only: pyarrow joins refuse list, struct and map
+    # columns beside the keys (a trial wedged an upsert with an array column here)
+    indexed = source.select(list(spec.keys) + list(spec.sequence_by)).append_column(
+        "__i", pa.array(range(source.num_rows), pa.int64())
+    )
     joined = indexed.join(renamed, keys=list(spec.keys), join_type="inner")
     if joined.num_rows == 0:
         return source

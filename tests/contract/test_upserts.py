@@ -396,3 +396,55 @@ def test_complete_mode_verifies_clean_and_an_empty_light_result_empties_the_tabl
         )
         got = DeltaTable(light.path).to_pyarrow_table().num_rows
         assert got == len(result), (batch_id, got)
+
+
+WIDE = pa.schema(
+    [
+        pa.field("id", pa.string()),
+        pa.field("v", pa.string()),
+        pa.field("seq", pa.int64()),
+        pa.field("op", pa.string()),
+        pa.field("tags", pa.list_(pa.int64())),
+        pa.field("info", pa.struct([pa.field("a", pa.int64()), pa.field("b", pa.string())])),
+        pa.field("attrs", pa.map_(pa.string(), pa.int64())),
+    ]
+)
+
+
+@pytest.mark.parametrize("scd", ["1", "2"])
+def test_string_keys_and_nested_columns_with_deletes(tmp_path, scd):
+    """Trial of issue 35, findings 1 and 2: the files delta-rs's MERGE writes store strings
+    as string_view, which pyarrow's dataset filters could not compare with the table's
+    strings (every string-keyed upsert with deletes wedged at its second batch); and
+    pyarrow's joins refuse list, struct and map columns beside the keys."""
+    sink = ChangeSink(tmp_path, schema=WIDE, **CDC, scdType=scd)
+    log, batches = change_log(11, n=90, keys=8)
+
+    def row(c):
+        key, v, seq, op = c
+        return (f"key-{key}", v, seq, op, [seq, key], {"a": seq, "b": v}, [("n", seq)])
+
+    for batch in batches:
+        sink.batch([row(c) for c in batch], partitions=2)
+    rows = sink.rows()
+    if scd == "1":
+        got = {r["id"]: (r["seq"], r["v"]) for r in rows}
+        assert got == {f"key-{k}": v for k, v in oracle(log).items()}
+        for r in rows:
+            assert r["tags"][0] == r["seq"] and r["info"] == {"a": r["seq"], "b": r["v"]}
+    else:
+        got = {(r["id"], r[START_AT]): (r["v"], r[END_AT]) for r in rows}
+        assert got == {(f"key-{k}", s): v for (k, s), v in scd2_oracle(log).items()}
+
+
+def test_an_expired_tombstone_no_longer_blocks_a_late_change(tmp_path):
+    """Trial of issue 35, finding 6: an expired delete kept blocking late older changes
+    until a later batch with a delete rewrote the tombstones."""
+    sink = ChangeSink(tmp_path, **CDC, tombstoneRetention="1 second")
+    sink.batch([(1, "a", 10, "I"), (2, "b", 10, "I")])
+    sink.batch([(1, None, 20, "D")])
+    sink.batch([(1, "late", 15, "U")])  # within the retention: dropped
+    assert sink.table() == {2: (10, "b")}
+    time.sleep(1.2)
+    sink.batch([(1, "later", 16, "U")])  # expired: applied, no delete in between needed
+    assert sink.table() == {1: (16, "later"), 2: (10, "b")}
