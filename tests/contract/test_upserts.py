@@ -448,3 +448,26 @@ def test_an_expired_tombstone_no_longer_blocks_a_late_change(tmp_path):
     time.sleep(1.2)
     sink.batch([(1, "later", 16, "U")])  # expired: applied, no delete in between needed
     assert sink.table() == {1: (16, "later"), 2: (10, "b")}
+
+
+def test_a_restored_or_prepared_table_keeps_its_properties(tmp_path):
+    """Trial of issue 35, finding 5: export, prepare-query and backup restore dropped the
+    table's properties: a restored silver lost its change data feed and its own sink
+    (delta.enableChangeDataFeed=true in its options) refused the table."""
+    from pyspark_txn import snapshots
+
+    props = {"delta.enableChangeDataFeed": "true", "delta.logRetentionDuration": "interval 9 days"}
+    sink = ChangeSink(tmp_path, **CDC, **props)
+    sink.batch([(1, "a", 10, "I"), (2, "b", 10, "I")])
+    snapshots.export(sink.chk, "s1", str(tmp_path / "exp"))
+    prepared = snapshots.prepare_query(
+        sink.chk, "s1", str(tmp_path / "chk-new"), str(tmp_path / "table-new")
+    )
+    for table in (str(tmp_path / "exp" / "data"), prepared.path):
+        config = DeltaTable(table).metadata().configuration
+        assert {k: config.get(k) for k in props} == props, (table, config)
+    again = ChangeSink(tmp_path, name="new", **CDC, **props)  # its own options agree
+    again.next = prepared.batch_id + 1
+    again.batch([(1, None, 20, "D")])
+    feed = pa.table(DeltaTable(prepared.path).load_cdf(starting_version=1).read_all())
+    assert feed.column("_change_type").to_pylist() == ["delete"]

@@ -232,6 +232,14 @@ def copy_table(
         )
     if check_owner is not None:
         check_owner()
+    # the table's properties go with it (a restored upsert target must still record its
+    # change data feed: its sink and its readers say so), but for column mapping, which
+    # the copy does not carry (its files are read back by name)
+    properties = {
+        k: v
+        for k, v in (source.metadata().configuration or {}).items()
+        if not k.startswith("delta.columnMapping.")
+    }
     create_table_with_add_actions(
         dest_uri,
         source.schema(),
@@ -240,6 +248,7 @@ def copy_table(
         partition_by=list(source.metadata().partition_columns) or None,
         name=name,
         description=description,
+        configuration=properties or None,
         storage_options=options,
     )
     return TableCopy(files, rows, total)
