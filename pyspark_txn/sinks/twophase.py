@@ -113,6 +113,8 @@ def _check_same_target(
         return
     for key, what in WRITE_KEYS.items():
         before, now = (last.target or {}).get(key), (target_meta or {}).get(key)
+        if isinstance(before, Mapping) and isinstance(now, Mapping):
+            before, now = _changed(before, now)
         if before != now:
             raise ConfigError(
                 f"sink {sink_id!r} wrote its batches with {what} {_describe(before)} (its "
@@ -128,11 +130,23 @@ def _check_same_target(
 WRITE_KEYS = {"upsert": "upsert options", "output_mode": "output mode"}
 
 
+def _changed(before: Mapping[str, Any], now: Mapping[str, Any]) -> tuple[dict, dict]:
+    """The settings that differ between two ways of writing (what a message names);
+    a setting that may change across restarts (``tombstone_retention_s``) is left out."""
+    keys = {k for k in set(before) | set(now) if k not in MAY_CHANGE}
+    differ = sorted(k for k in keys if before.get(k) != now.get(k))
+    return {k: before.get(k) for k in differ}, {k: now.get(k) for k in differ}
+
+
+#: Settings of ``upsert`` a restart may change: how long deletes are remembered.
+MAY_CHANGE = frozenset({"tombstone_retention_s"})
+
+
 def _describe(value: Any) -> str:
     if value is None:
         return "none (appends)"
     if isinstance(value, Mapping):
-        return ", ".join(f"{k}={v}" for k, v in sorted(value.items()) if v not in (None, [], ()))
+        return ", ".join(f"{k}={v!r}" for k, v in sorted(value.items()))
     return str(value)
 
 

@@ -205,7 +205,17 @@ def test_keys_changed_across_a_restart_are_refused(tmp_path):
     plain = ChangeSink(tmp_path)
     with pytest.raises(ConfigError, match=r"and this writer with none \(appends\)"):
         plain.batch([(2, "b", 2, "I")])
+    # only what changed is named
+    changed = ChangeSink(tmp_path, **{**CDC, "deleteWhen": "op = 'X'"})
+    with pytest.raises(ConfigError) as e:
+        changed.batch([(2, "b", 2, "I")])
+    assert "delete_when=\"op = 'D'\"" in str(e.value) and "keys=" not in str(e.value)
     assert sink.table() == {1: (1, "a")}
+    # how long deletes are remembered may change (a too short retention is fixable)
+    longer = ChangeSink(tmp_path, **CDC, tombstoneRetention="30 days")
+    longer.next = sink.next
+    longer.batch([(2, "b", 2, "I")])
+    assert longer.table() == {1: (1, "a"), 2: (2, "b")}
 
 
 def test_a_late_change_older_than_a_delete_does_not_bring_the_row_back(tmp_path):
