@@ -278,6 +278,14 @@ _EXCLUSIVE = {
 }
 
 
+def _position(offset: Mapping[str, Any]) -> tuple[int, int, int]:
+    """Where an offset stands in the stream: the snapshot of version v (its files in
+    order) comes after every change up to v and before those of v + 1."""
+    if offset.get("snapshot"):
+        return offset["version"] + 1, -1, offset["index"]
+    return offset["version"], 0, offset["index"]
+
+
 def _strip_delta_metadata(node: Any) -> Any:
     if isinstance(node, dict):
         out = {k: _strip_delta_metadata(v) for k, v in node.items()}
@@ -681,6 +689,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[DeltaFiles]:
         self._check_table(start)
         self._check_table(end)
+        start = self._first_batch_start(start, end)
         check_batch_order(
             "txn-delta source",
             (start["version"], start["index"]),
@@ -697,6 +706,30 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise SourceError(f.error)
             files.append(f)
         return [DeltaFiles([f]) for f in files]
+
+    def _first_batch_start(self, start: dict, end: dict) -> dict:
+        """The start of a query's first batch, re-planned after a restart: Spark logs a
+        batch's end, not the first batch's start, and asks ``initialOffset`` again, which
+        (``startingVersion=snapshot``, the default) is the table's version *now*. A
+        table that moved on since the first start would put the start past the logged
+        end. The logged end says where the snapshot was: at its own version while it
+        was inside the snapshot; otherwise the batch read the whole snapshot and the
+        appends up to its end, and the snapshot of the version before the end holds
+        what they held (the plain stream reads append-only versions; the change feed
+        starts there as inserts, a start as valid as the first one). A first batch that failed before
+        Spark committed it is all a restart re-plans, so any of them is exact."""
+        if not start.get("snapshot") or _position(start) <= _position(end):
+            return start
+        version = end["version"] if end.get("snapshot") else end["version"] - 1
+        log.info(
+            "txn-delta source: the first batch is re-planned after a restart; the table "
+            "moved on since its first start (version %d now), so its snapshot is read at "
+            "version %d, where the logged end %s says it was",
+            start["version"],
+            version,
+            end,
+        )
+        return {**start, "version": version, "index": 0}
 
     def read(self, partition: DeltaFiles):  # type: ignore[override]  # our partitions
         for f in partition.files:

@@ -173,3 +173,44 @@ def test_a_starting_version_beyond_the_table_is_refused(tmp_path):
     reader = DeltaStreamReader(opts, opts.spark_schema_ddl())
     with pytest.raises(SourceError, match="startingVersion=99.*at version 0"):
         reader.initialOffset()
+
+
+def test_a_first_batch_re_planned_after_a_restart_starts_where_its_end_says(tmp_path):
+    """Trial of issue 35, finding 3: killed in its first batch while the table moved on,
+    the query re-plans batch 0 with initialOffset() asked again (the table's version now)
+    and the batch's logged end: start past end, refused on every restart for good."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from pyspark_txn.sources.delta import DeltaSourceOptions, DeltaStreamReader
+
+    path = str(tmp_path / "t")
+    for v in range(4):
+        write_deltalake(path, pa.table({"id": pa.array([v], pa.int64())}), mode="append")
+
+    def reader(**options):
+        opts = DeltaSourceOptions.parse({"path": path, **options})
+        return DeltaStreamReader(opts, opts.spark_schema_ddl())
+
+    def ids(r, start, end):
+        return sorted(
+            i
+            for p in r.partitions(start, end)
+            for b in r.read(p)
+            for i in b.column("id").to_pylist()
+        )
+
+    first = reader(maxFilesPerBatch="2")
+    start = first.initialOffset()
+    inside = first.latestOffset(start, None)  # inside the snapshot of version 3
+    assert inside["snapshot"] and inside["index"] == 2
+    whole = reader()
+    whole_start = whole.initialOffset()
+    past = whole.latestOffset(whole_start, None)  # the whole snapshot
+    write_deltalake(path, pa.table({"id": pa.array([4], pa.int64())}), mode="append")
+    # the restart: a new reader, its initial offset is version 4's snapshot
+    for end, expected in ((inside, ids(first, start, inside)), (past, [0, 1, 2, 3])):
+        again = reader(maxFilesPerBatch="2")
+        restarted = again.initialOffset()
+        assert restarted["version"] == 4
+        assert ids(again, restarted, end) == expected
