@@ -229,6 +229,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
             when = (
                 "restored by an earlier run: not changed now"
                 if r.earlier
+                else "stateful: a new query that recomputes its state from its sources"
+                if r.fresh
                 else f"next batch {r.batch_id + 1}"
             )
             print(f"{r.original}: checkpoint {r.checkpoint}, path {r.path} ({when}){reads}")

@@ -205,6 +205,8 @@ def next_batch(checkpoint: str, started: Mapping[str, Any]) -> int | None:
     committed = latest_batch(checkpoint, "commits")
     if committed is not None:
         return committed + 1
+    if started.get("fresh"):  # a stateful query restored as a new one: from batch 0
+        return 0
     batch = started.get("batch_id")
     return batch + 1 if isinstance(batch, int) else None
 

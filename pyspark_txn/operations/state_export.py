@@ -376,6 +376,18 @@ def _delta_safe(col: Any, dtype: Any) -> Any:
     if isinstance(dtype, (T.YearMonthIntervalType, T.DayTimeIntervalType, T.CalendarIntervalType)):
         return col.cast("string")
     if isinstance(dtype, T.StructType):
+        if _repeats(dtype):
+            # an aggregation's state can hold two fields of one name (two sum()s give a
+            # value struct<sum, sum>), which Arrow and Delta refuse: cast by position to
+            # unique names, the second one sum_2
+            seen: dict[str, int] = {}
+            renamed = []
+            for f in dtype.fields:
+                seen[f.name] = seen.get(f.name, 0) + 1
+                name = f.name if seen[f.name] == 1 else f"{f.name}_{seen[f.name]}"
+                renamed.append(T.StructField(name, f.dataType, f.nullable))
+            dtype = T.StructType(renamed)
+            col = col.cast(dtype)
         fields = []
         for f in dtype.fields:
             converted = _delta_safe(col.getField(f.name), f.dataType)
@@ -410,10 +422,29 @@ def _needs_change(dtype: Any) -> bool:
 
     return any_nested_type(
         dtype,
-        lambda d: isinstance(
-            d, (T.NullType, T.YearMonthIntervalType, T.DayTimeIntervalType, T.CalendarIntervalType)
+        lambda d: (
+            isinstance(
+                d,
+                (
+                    T.NullType,
+                    T.YearMonthIntervalType,
+                    T.DayTimeIntervalType,
+                    T.CalendarIntervalType,
+                ),
+            )
+            or _repeats(d)
         ),
     )
+
+
+def _repeats(dtype: Any) -> bool:
+    """A struct with two fields of one name."""
+    from pyspark.sql import types as T
+
+    if not isinstance(dtype, T.StructType):
+        return False
+    names = [f.name for f in dtype.fields]
+    return len(set(names)) != len(names)
 
 
 def _state_frame(spark: Any, checkpoint: str, batch_id: int, store: _Store) -> Any:

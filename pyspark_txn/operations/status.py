@@ -587,6 +587,8 @@ def _not_started(
     committed = latest_batch(checkpoint, "commits")
     batch = started.get("batch_id")
     problems = []
+    if started.get("fresh"):  # a new query by design: Spark has logged nothing yet
+        batch = None
     if isinstance(batch, int) and (committed is None or committed < batch):
         problems.append(
             f"Spark's commit log has no batch {batch} (the snapshot's): the checkpoint is "

@@ -339,6 +339,32 @@ def test_types_without_a_delta_type_are_made_storable(spark, tmp_path):
     assert rows[0]["nulls"] == [None]
 
 
+def test_two_aggregates_of_one_name_are_exported(spark, tmp_path):
+    """Trial of issue 35: an aggregation with two sum()s keeps its state as
+    value struct<sum, sum>, which Arrow and Delta refuse (DUPLICATED_FIELD_NAME_IN_ARROW_
+    STRUCT): the second field is exported as sum_2."""
+    chk, target = str(tmp_path / "chk"), str(tmp_path / "t")
+    df = _sequence(spark).groupBy((F.col("id") % 3).alias("b"))
+    df = df.agg(F.sum("id"), F.sum(F.col("id") * 2).alias("twice"))
+    q = (
+        df.writeStream.format("txn-delta")
+        .outputMode("complete")
+        .option("checkpointLocation", chk)
+        .option("path", target)
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    assert q.exception() is None
+    batch = max(int(n) for n in os.listdir(os.path.join(chk, "commits")) if n.isdigit())
+    (table,) = export_state(spark, chk, batch, str(tmp_path / "exp"))
+    rows = _rows(str(tmp_path / "exp" / table.path))
+    assert sorted(rows[0]["value"]) == ["sum", "sum_2"]
+    assert {r["key"]["_groupingexpression"]: r["value"]["sum_2"] for r in rows} == {
+        b: 2 * sum(i for i in range(TOTAL_ROWS) if i % 3 == b) for b in range(3)
+    }
+
+
 @pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in ("pandas", "google.protobuf")),
     reason="transformWithState needs pandas and protobuf",

@@ -57,6 +57,7 @@ class Restored:
     batch_id: int
     reads: Mapping[int, str]
     earlier: bool = False  # restored by an earlier run of this restore, not now
+    fresh: bool = False  # stateful: a new query that recomputes its state (no offsets)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +67,7 @@ class Restored:
             "batch_id": self.batch_id,
             "reads": {str(k): v for k, v in self.reads.items()},
             "earlier": self.earlier,
+            "fresh": self.fresh,
         }
 
 
@@ -146,7 +148,9 @@ def restore(
     }
     marks = {i: read_restore_mark(places[i][0]) for i in places}
     for i, m in enumerate(members):
-        check_startable(st.members[i].part)  # type: ignore[arg-type]  # completed: a part
+        part = st.members[i].part
+        assert part is not None  # a completed backup's members all have their part
+        check_startable(part, fresh=_stateful(part))
         check_pair(*places[i])
         if in_place and not _is_done(marks[i], mine):
             _check_in_place(m, places[i], marks[i], mine)
@@ -173,7 +177,17 @@ def restore(
         if mark is not None and _is_done(mark, mine):
             restored[i] = (int(mark["table_version"]), str(mark["table_id"]))
             _check_still_there(path, chk, backup_id, restored[i])
-            out.append(Restored(m.checkpoint, chk, path, part.batch_id, reads, earlier=True))
+            out.append(
+                Restored(
+                    m.checkpoint,
+                    chk,
+                    path,
+                    part.batch_id,
+                    reads,
+                    earlier=True,
+                    fresh=_stateful(part),
+                )
+            )
             continue
         _clear_unfinished(chk, path, marks[i], mine, in_place)
         _write_mark(chk, {**mine, "member": m.checkpoint, "done": False})
@@ -192,6 +206,7 @@ def restore(
                 "reads": {str(s): p for s, p in reads.items()},
             },
             offsets=offsets,
+            fresh=_stateful(part),
         )
         _fault(f"restore_after_checkpoint:{i}")
         restored[i] = _table_identity(path)
@@ -206,12 +221,20 @@ def restore(
                 "table_id": table_id,
             },
         )
-        out.append(Restored(m.checkpoint, chk, path, prepared.batch_id, reads))
+        out.append(
+            Restored(m.checkpoint, chk, path, prepared.batch_id, reads, fresh=_stateful(part))
+        )
         log.info("backup %d: restored %s into %s and %s", backup_id, m.checkpoint, chk, path)
         _fault("exit_after_restore_part")
         _fault(f"restore_after_member:{i}")
     order = {m.checkpoint: k for k, m in enumerate(members)}
     return sorted(out, key=lambda r: order[r.original])
+
+
+def _stateful(part: Any) -> bool:
+    """A stateful query's part: its Spark state is not in the backup, so it is restored
+    as a new query over its restored table (prepare.rederives says when that is exact)."""
+    return bool(part.details.get("stateful") or part.details.get("state_tables"))
 
 
 def _check_sources(members: Sequence[Member], st: BackupStatus, accept_message_loss: bool) -> None:

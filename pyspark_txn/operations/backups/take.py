@@ -280,7 +280,9 @@ def _take(
                 name,
                 _part_location(to, backup_id, i, catalog_id),
                 snapshot_id,
-                spark=spark,
+                # a stateful query's state is not taken: a restore starts it anew over
+                # its restored table (restore: fresh), so a backup needs no SparkSession
+                state="skip",
                 replace_unfinished=False,
             )
         except Exception as e:

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ...errors import ConfigError, IndeterminateCommitError, TxnError
+from ...sinks.twophase import WRITE_KEYS
 from ...state import SinkState, SnapshotRecord, allocate, fold_sink
 from ...state.core import (
     EXPORT_TOKEN_PREFIX,
@@ -418,6 +419,9 @@ def _copy_and_register(
             and has_state(handle.checkpoint, handle.storage),
             "state_tables": state_json,
             **({"tombstones": tombstones} if tombstones else {}),
+            # how the sink writes its table (merged by key, complete mode): whether a
+            # stateful query may start anew from this snapshot (prepare.rederives)
+            "writes": {k: record.target[k] for k in WRITE_KEYS if record.target.get(k)},
             **(details or {}),
         },
     )

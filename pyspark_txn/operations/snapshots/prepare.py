@@ -164,9 +164,28 @@ def prepare_query(
     return start_from_entry(entry, chk_uri, path_uri, {"from": location}, progress=progress)
 
 
-def check_startable(entry: NamedSnapshot) -> None:
-    """Refuse, before anything is written, a snapshot a new query cannot start from."""
+def rederives(entry: NamedSnapshot) -> bool:
+    """Whether the snapshot's query, stateful, may start anew and recompute its state
+    from its sources over its restored table: its sink rewrites its results (merged by
+    key, or each batch the whole result), so what it writes again replaces what the
+    table holds. An append of stateful results would write them a second time."""
+    writes = entry.details.get("writes") or {}
+    return bool(writes.get("upsert")) or writes.get("output_mode") == "complete"
+
+
+def check_startable(entry: NamedSnapshot, *, fresh: bool = False) -> None:
+    """Refuse, before anything is written, a snapshot a new query cannot start from
+    (``fresh``: a stateful query that starts anew, see :func:`rederives`)."""
     name = entry.name
+    if fresh and not rederives(entry):
+        raise ConfigError(
+            f"snapshot {name!r} is of a stateful query that appends its results: its state "
+            "is not restored, and started anew it would recompute and append them a second "
+            "time. Restore it on its own: start its query with a new checkpoint and table "
+            "(from its sources' beginning), or keep its part's data/ as a table to read"
+        )
+    if fresh:
+        return
     if entry.details.get("stateful") or entry.details.get("state_tables"):
         raise ConfigError(
             f"snapshot {name!r} is of a stateful query: its exported state tables can be read "
@@ -226,12 +245,16 @@ def start_from_entry(
     *,
     offsets: Sequence[Any] | None = None,
     progress: Progress | None = None,
+    fresh: bool = False,
 ) -> PreparedQuery:
     """Copy the snapshot's data to ``path_uri`` and write a Spark checkpoint at
     ``chk_uri`` whose last committed batch is the snapshot's. The caller checked both
     places (new, empty, or its own unfinished work) and the snapshot (it verifies, a query
     can start from it). ``lineage`` goes into ``started_from.json`` beside the entry;
-    ``offsets``: the sources' offsets to start from (default: the snapshot's)."""
+    ``offsets``: the sources' offsets to start from (default: the snapshot's).
+    ``fresh``: no Spark logs at all (a stateful query whose state is not exported: it
+    starts as a new query and recomputes its state from its sources; only for one whose
+    sink rewrites its results, see :func:`rederives`)."""
     copied = copy_table(
         _fs.join(entry.location, "data"),
         None,
@@ -264,8 +287,21 @@ def start_from_entry(
     _write_text(
         chk_fs,
         _fs.join(chk_root, *STARTED_FROM),
-        json.dumps({**entry.to_json(), "details": None, **lineage}, default=str),
+        json.dumps(
+            {**entry.to_json(), "details": None, **lineage, **({"fresh": True} if fresh else {})},
+            default=str,
+        ),
     )
+    if fresh:
+        log.info(
+            "prepared a new query from snapshot %r of a stateful query: checkpoint %s (it "
+            "recomputes its state from its sources), table %s (%d rows)",
+            entry.name,
+            chk_uri,
+            path_uri,
+            copied.rows,
+        )
+        return PreparedQuery(chk_uri, path_uri, -1, (), copied.rows)
     _write_text(chk_fs, _fs.join(chk_root, "metadata"), json.dumps({"id": str(uuid.uuid4())}))
     if batch > 0:  # Spark reads the batch before the last too (it takes the last's over)
         _write_text(chk_fs, _fs.join(chk_root, "offsets", str(batch - 1)), "\n".join(lines))
