@@ -51,7 +51,11 @@ def cmd_stuck(args: argparse.Namespace) -> int:
                 f"    pyspark-txn abandon {shlex.quote(args.location)} "
                 f"--snapshot {status.snapshot_id} --sink {handle.sink_id}"
             )
-            print("  otherwise restarting the query finishes it")
+            print(
+                "  otherwise restarting the query finishes it; a restart that fails the same "
+                "way each time (its error, in the query's log, names the cause) means phase 2 "
+                "cannot succeed as things are: fix that cause, or withdraw the snapshot"
+            )
         else:
             print(f"  not abandonable: {status.refusal}")
     return 0
