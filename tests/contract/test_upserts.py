@@ -397,7 +397,9 @@ def test_complete_mode_verifies_clean_and_an_empty_light_result_empties_the_tabl
     light = light.with_checkpoint_sink_id()
     for batch_id, result in enumerate(([(0, 1), (1, 2)], [])):
         token = new_token()
-        rows = pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in result], schema=schema)
+        rows = pa.Table.from_pylist(
+            [dict(zip(schema.names, r, strict=True)) for r in result], schema=schema
+        )
         txns = stage_partition(
             rows.to_batches(), light.staging(), LIGHT_SNAPSHOT_ID, token, 0, schema
         )
