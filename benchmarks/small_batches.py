@@ -15,6 +15,11 @@ temp dir and checkpoint, all fed by Spark's ``rate-micro-batch`` source with
                    Python worker, the commit runs in another)
   foreachBatch     the hand-written alternative: toArrow() and delta-rs
                    write_deltalake, skipping batch ids already committed (app txn)
+  fast             pyspark_txn.delta_batch_writer in foreachBatch: tiny batches take its
+                   small-batch route (collected with toArrow, staged from the driver)
+  fast-spark       the same with smallBatchRows=0: Spark's parquet writer stages every
+                   batch (the fast path before the small-batch route, issue 36 goal 2)
+  fast-light       ``fast`` with mode=light
 
 Only ``value < batches * rows`` passes a filter, so a batch that starts after
 the last measured one (the query is stopped from the listener's thread of
@@ -30,6 +35,8 @@ bytes (and ``_delta_log`` files) of the txn-delta variants, the target table's
 ``_delta_log`` files, and RSS of the driver JVM, this Python process and the
 Python workers (summed RSS: forked workers share pages, so the sum overstates).
 Batch 0 (query start) is left out of the block figures and reported apart.
+``--steps`` times the steps of the fast sinks' callback and of the hand-written one
+in the driver (wrapping their functions; calls per batch and median ms per call).
 The machine is noisy: compare sinks only within one run. Progress goes to the
 log (stderr), the report to stdout, every figure to ``--json``.
 """
@@ -62,9 +69,25 @@ from sink_throughput import CountOnlySink  # noqa: E402
 
 log = logging.getLogger("small_batches")
 
-ALL_SINKS = ["noop", "count-only", "txn-delta", "txn-delta-light", "foreachBatch"]
-DELTA_SINKS = {"txn-delta", "txn-delta-light", "foreachBatch"}
+ALL_SINKS = [
+    "noop",
+    "count-only",
+    "txn-delta",
+    "txn-delta-light",
+    "foreachBatch",
+    "fast",
+    "fast-spark",
+    "fast-light",
+]
+DELTA_SINKS = {"txn-delta", "txn-delta-light", "foreachBatch", "fast", "fast-spark", "fast-light"}
+#: Sinks that keep a record table in the checkpoint (its files are reported per block).
+RECORD_SINKS = {"txn-delta", "fast", "fast-spark"}
+FAST_SINKS = {"fast": {}, "fast-spark": {"smallBatchRows": 0}, "fast-light": {"mode": "light"}}
 APP_ID = "small-batches-bench"
+
+#: --steps: sink -> step -> ms of each call (the driver's side of a batch).
+STEPS: dict[str, dict[str, list[float]]] = {}
+_RUNNING = [""]  # the sink being measured
 
 
 # -- measurements from /proc ------------------------------------------------------
@@ -237,15 +260,22 @@ def make_listener(spark):
 # -- sinks ------------------------------------------------------------------------------
 
 
-def foreach_batch_to_delta(path: str, app_id: str = APP_ID):
+def _step(label: str, started: float, ended: float | None = None) -> None:
+    ended = time.perf_counter() if ended is None else ended
+    STEPS.setdefault(_RUNNING[0], {}).setdefault(label, []).append((ended - started) * 1000)
+
+
+def foreach_batch_to_delta(path: str, app_id: str = APP_ID, steps: bool = False):
     """The hand-written exactly-once Delta writer: skip a batch id the table already
-    holds (its app transaction), else append it with the batch id as app txn."""
+    holds (its app transaction), else append it with the batch id as app txn. It opens
+    the table afresh every batch, as such loops do."""
 
     def write(df, batch_id: int) -> None:
         from deltalake import DeltaTable, write_deltalake
         from deltalake.exceptions import TableNotFoundError
         from deltalake.transaction import CommitProperties, Transaction
 
+        t0 = time.perf_counter()
         try:
             dt: Any = DeltaTable(path)
         except TableNotFoundError:
@@ -254,7 +284,9 @@ def foreach_batch_to_delta(path: str, app_id: str = APP_ID):
             done = dt.transaction_version(app_id)
             if done is not None and done >= batch_id:
                 return
+        t1 = time.perf_counter()
         data = df.toArrow() if hasattr(df, "toArrow") else df.toPandas()
+        t2 = time.perf_counter()
         write_deltalake(
             dt if dt is not None else path,
             data,
@@ -263,8 +295,65 @@ def foreach_batch_to_delta(path: str, app_id: str = APP_ID):
                 app_transactions=[Transaction(app_id=app_id, version=batch_id)]
             ),
         )
+        if steps:
+            t3 = time.perf_counter()
+            _step("callback (all of the below)", t0, t3)
+            _step("open table, app txn version", t0, t1)
+            _step("toArrow", t1, t2)
+            _step("write_deltalake (parquet, commit)", t2, t3)
 
     return write
+
+
+def time_steps() -> None:
+    """Wrap the fast path's steps (its callback in the driver) with timers."""
+    import functools
+
+    from pyspark_txn.sinks import delta_target, fast, light, staging, twophase
+    from pyspark_txn.state import store
+    from pyspark_txn.state.backends import delta_log
+
+    def wrap(owner, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+
+        @functools.wraps(inner)
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                _step(label, t0)
+
+        setattr(owner, name, timed)
+
+    for owner, name, label in [
+        (fast.DeltaBatchWriter, "__call__", "callback (all of the below)"),
+        (fast, "_spark_job", "Spark's job description (run, batch)"),
+        (fast, "read_query_id", "checkpoint: query id"),
+        (fast, "read_batch_offsets", "checkpoint: offsets"),
+        (fast, "spark_to_arrow_schema", "schema: Spark -> Arrow"),
+        (delta_target.DeltaTarget, "check_stream_schema", "target: schema check"),
+        (twophase.TwoPhaseCommitter, "load", "record table: load state"),
+        (twophase.TwoPhaseCommitter, "allocate", "allocate"),
+        (fast.DeltaBatchWriter, "_is_stateful", "stateful? (once per run)"),
+        (fast.DeltaBatchWriter, "_collect_small", "probe: limit + toArrow"),
+        (fast.DeltaBatchWriter, "_mark_root", "  marker of the root (beside the probe)"),
+        (fast, "stage_partition", "stage from the driver (parquet, fsync)"),
+        (staging, "write_marker", "  marker (in the staging)"),
+        (staging, "fsync_folders", "  fsync of the folders"),
+        (fast.DeltaBatchWriter, "_spark_stage", "Spark's write, list, CRC32"),
+        (delta_target.DeltaTarget, "base", "target: base version"),
+        (twophase.TwoPhaseCommitter, "commit", "commit (all of its steps)"),
+        (delta_target.DeltaTarget, "committed_batch", "target: committed batch"),
+        (delta_target.DeltaTarget, "verify_staged", "verify staged files"),
+        (delta_target.DeltaTarget, "preflight", "preflight"),
+        (store.RecordStore, "update", "record table: update (appends or not)"),
+        (delta_log.DeltaEventLog, "append", "  record table: an append"),
+        (delta_target.DeltaTarget, "commit", "phase 2: Delta commit"),
+        (delta_target.DeltaTarget, "discard", "discard (staging listing)"),
+        (light.LightCommitter, "commit", "light commit (all of its steps)"),
+    ]:
+        wrap(owner, name, label)
 
 
 def start_query(spark, sink: str, work: str, args, n_batches: int):
@@ -286,7 +375,12 @@ def start_query(spark, sink: str, work: str, args, n_batches: int):
     if sink == "txn-delta-light":
         return w.format("txn-delta").option("mode", "light").start(table)
     if sink == "foreachBatch":
-        return w.foreachBatch(foreach_batch_to_delta(table)).start()
+        return w.foreachBatch(foreach_batch_to_delta(table, steps=args.steps)).start()
+    if sink in FAST_SINKS:
+        import pyspark_txn
+
+        writer = pyspark_txn.delta_batch_writer(path=table, checkpoint=chk, **FAST_SINKS[sink])
+        return w.foreachBatch(writer).start()
     if sink == "count-only":
         return w.format(CountOnlySink.name()).start()
     raise ValueError(f"unknown sink {sink!r}; known: {ALL_SINKS}")
@@ -325,6 +419,7 @@ def run_sink(spark, collector, sink: str, work: str, args, jvm_pid, n_batches: i
     records = f"{chk}/pyspark_txn/records"
     nblocks = -(-n_batches // args.block)
     snapshots: list[dict] = []
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     q = start_query(spark, sink, work, args, n_batches)
     qid = str(q.id)
@@ -354,7 +449,7 @@ def run_sink(spark, collector, sink: str, work: str, args, jvm_pid, n_batches: i
                     "t_s": round(time.perf_counter() - t0, 2),
                 }
                 snap.update(memory_mb(jvm_pid))
-                if sink.startswith("txn-delta"):
+                if sink in RECORD_SINKS:
                     rs = folder_stats(records)
                     snap.update(
                         records_files=rs["files"],
@@ -398,6 +493,7 @@ def run_sink(spark, collector, sink: str, work: str, args, jvm_pid, n_batches: i
         "add_batch_ms": [got[b][1] for b in sorted(got) if b < n_batches],
         "phases_ms": [got[b][3] for b in sorted(got) if b < n_batches],
         "snapshots": snapshots,
+        "loadavg": [load_before, os.getloadavg()[0]],  # 1-minute load at start and end
     }
     if sink in DELTA_SINKS:
         res["rows_check"] = check_rows(table, n_batches * args.rows)
@@ -449,6 +545,13 @@ def block_figures(results: dict[str, dict], args, n_batches: dict[str, int]) -> 
                 blk["added_over_noop_ms"] = blk["median_ms"] - base[i]["median_ms"]
             if ref and i < len(ref) and ref[i]["median_ms"]:
                 blk["ratio_vs_foreachBatch"] = round(blk["median_ms"] / ref[i]["median_ms"], 3)
+            if base and ref and i < len(base) and i < len(ref):
+                # the goal's measure (issue 36 goal 2): added ms over noop, ours / theirs
+                theirs = ref[i]["median_ms"] - base[i]["median_ms"]
+                if theirs > 0:
+                    blk["added_ratio_vs_foreachBatch"] = round(
+                        (blk["median_ms"] - base[i]["median_ms"]) / theirs, 3
+                    )
 
 
 def _f(x, fmt: str = "{:.0f}") -> str:
@@ -467,6 +570,7 @@ def report(results: dict[str, dict], args, results_versions: dict[str, str]) -> 
     ]
     head = (
         f"{'sink':<16}{'block':>6}{'median':>8}{'p99':>7}{'addB':>6}{'+noop':>7}{'/fB':>6}"
+        f"{'+/+fB':>7}"
         f"{'recFiles':>9}{'recKB':>8}{'recLog':>7}{'tgtLog':>7}{'JVM MB':>8}{'py MB':>7}"
         f"{'wrk MB':>8}{'wrkPSS':>8}{'wrk':>4}"
     )
@@ -481,6 +585,7 @@ def report(results: dict[str, dict], args, results_versions: dict[str, str]) -> 
                 f"{sink:<16}{b['block']:>6}{_f(b['median_ms']):>8}{_f(b['p99_ms']):>7}"
                 f"{_f(b['median_add_batch_ms']):>6}{_f(b.get('added_over_noop_ms'), '{:+.0f}'):>7}"
                 f"{_f(b.get('ratio_vs_foreachBatch'), '{:.2f}'):>6}"
+                f"{_f(b.get('added_ratio_vs_foreachBatch'), '{:.2f}'):>7}"
                 f"{_f(b.get('records_files')):>9}"
                 f"{_f(b['records_bytes'] / 1024 if 'records_bytes' in b else None):>8}"
                 f"{_f(b.get('records_log_files')):>7}{_f(b.get('target_log_files')):>7}"
@@ -495,6 +600,12 @@ def report(results: dict[str, dict], args, results_versions: dict[str, str]) -> 
             ph = phase_medians(res["phases_ms"][1:])
             order = sorted(ph, key=lambda k: (k != "triggerExecution", -ph[k]))
             lines.append(f"  {sink:<16} " + ", ".join(f"{k} {ph[k]:.0f}" for k in order if ph[k]))
+    for sink, steps in STEPS.items():
+        n = max(1, results.get(sink, {}).get("batches", 1))
+        lines.append("")
+        lines.append(f"steps of {sink} in the driver (calls per batch, median ms per call):")
+        for label, ms in steps.items():
+            lines.append(f"  {label:<50}{len(ms) / n:>6.2f}{median(ms):>8.1f}")
     lines.append("")
     for sink, res in results.items():
         if "trigger_ms" in res:
@@ -505,6 +616,9 @@ def report(results: dict[str, dict], args, results_versions: dict[str, str]) -> 
                 if rc
                 else "rows not checked"
             )
+            load = res.get("loadavg")
+            if load:
+                rows += f"; load average {load[0]:.1f} -> {load[1]:.1f}"
             lines.append(
                 f"{sink:<16} {res['status']}: {res['batches']} batches in {res['wall_s']:.0f} s "
                 f"({res['batches'] / res['wall_s']:.1f}/s), first batch {_f(res['first_batch_ms'])} "
@@ -563,6 +677,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stall-s", type=float, default=300.0, help="fail a sink after this long idle")
     p.add_argument("--json", help="write every figure to this file")
     p.add_argument("--keep", action="store_true", help="keep the temp dirs (tables, checkpoints)")
+    p.add_argument("--steps", action="store_true", help="time the driver's steps of each batch")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     args.sink_list = [s.strip() for s in args.sinks.split(",") if s.strip()]
@@ -601,6 +716,8 @@ def main(argv: list[str] | None = None) -> dict:
     except Exception:  # not a classic py4j session
         jvm_pid = None
     collector = make_listener(spark)
+    if args.steps:
+        time_steps()
     at_start = versions()  # the sink may change under a long run: note the code at both ends
     root = tempfile.mkdtemp(prefix="txn-small-batches-")
     log.info("work dir %s, driver JVM pid %s", root, jvm_pid)
@@ -615,6 +732,7 @@ def main(argv: list[str] | None = None) -> dict:
             spark._jvm.System.gc()
             time.sleep(1)
             log.info("%s: %d batches of %d rows", sink, n_batches[sink], args.rows)
+            _RUNNING[0] = sink
             try:
                 results[sink] = run_sink(
                     spark, collector, sink, f"{root}/{sink}", args, jvm_pid, n_batches[sink]
@@ -654,6 +772,8 @@ def main(argv: list[str] | None = None) -> dict:
         "sink_batches": n_batches,
         "work_dir": root if args.keep else None,
         "sinks": results,
+        "steps_ms": STEPS,
+        "loadavg": os.getloadavg(),
     }
     if out["git_at_end"] != at_start["git"]:
         log.warning("the code changed during the run: now %s", out["git_at_end"])

@@ -299,7 +299,14 @@ class PartitionStager:
     """Stages one Spark partition of one snapshot. Use :func:`stage_partition`."""
 
     def __init__(
-        self, cfg: StagingConfig, snapshot_id: int, token: str, partition: int, schema
+        self,
+        cfg: StagingConfig,
+        snapshot_id: int,
+        token: str,
+        partition: int,
+        schema,
+        attempt: str | None = None,
+        marked: Iterable[str] = (),
     ) -> None:
         import pyarrow as pa
 
@@ -314,8 +321,10 @@ class PartitionStager:
         self.local = _fs.is_local(cfg.table_uri)
         self.marker_dir = snapshot_dir(cfg.sink_id, snapshot_id, token)
         self.prefix = data_file_prefix(cfg.sink_id, snapshot_id, token)
-        self.attempt = uuid.uuid4().hex[:8]
-        self.marked: set[str] = set()
+        self.attempt = attempt or uuid.uuid4().hex[:8]
+        # folders whose marker the caller wrote already (as marker_name(partition,
+        # attempt, k), k counting from 0), durably, before this attempt writes there
+        self.marked: set[str] = set(marked)
         self.files_opened = 0
         self.handles: list[TxnHandle] = []
         self.outputs: dict[tuple, _RollingFile] = {}
@@ -422,9 +431,16 @@ def stage_partition(
     token: str,
     partition: int,
     schema,
+    *,
+    attempt: str | None = None,
+    marked: Iterable[str] = (),
 ) -> list[TxnHandle]:
-    """Write every batch of one partition; return the staged files' handles."""
-    stager = PartitionStager(cfg, snapshot_id, token, partition, schema)
+    """Write every batch of one partition; return the staged files' handles.
+
+    ``attempt`` and ``marked``: the task attempt's id and the folders whose markers the
+    caller wrote for it already (the fast path writes the table root's while its probe
+    job runs); by default a fresh id and no marker yet."""
+    stager = PartitionStager(cfg, snapshot_id, token, partition, schema, attempt, marked)
     try:
         for batch in batches:
             stager.add(batch)

@@ -236,6 +236,7 @@ def test_fast_path_commit_side_on_s3(spark, tmp_path, s3_apart, monkeypatch):
         checkpoint=p.checkpoint,
         recordTable=p.records,
         storageOptions=json.dumps(s3.options),
+        smallBatchRows=0,  # Spark's writer (replaced below): the driver's route needs none
     )
     writer.__class__ = _placed_by_spark(storage, handed, placed, leftovers=False)
     q = p.source().writeStream.foreachBatch(writer).option("checkpointLocation", p.checkpoint)
@@ -278,6 +279,7 @@ def test_fast_path_on_s3_a_crashed_attempt_s_objects_are_removed(
             checkpoint=p.checkpoint,
             recordTable=p.records,
             storageOptions=json.dumps(s3.options),
+            smallBatchRows=0,
             **options,
         )
         writer.__class__ = _placed_by_spark(storage, handed, placed, leftovers=True)

@@ -41,6 +41,8 @@ class FastRunner(PipelineRunner):
     def writer(self, faults: str | None = None, width: int = 0, **options):
         from pyspark.sql import functions as F
 
+        # Spark's writer for every batch: the small-batch route has test_fast_small.py
+        options.setdefault("smallBatchRows", 0)
         sink = pyspark_txn.delta_batch_writer(
             path=self.target, checkpoint=self.checkpoint, **self.sink_options(faults, options)
         )
@@ -431,7 +433,9 @@ def test_partition_values_and_folders_are_txn_delta_s(spark, tmp_path):
         w = spark.readStream.schema(schema).parquet(str(src)).writeStream
         if kind == "fast":
             w = w.foreachBatch(
-                pyspark_txn.delta_batch_writer(path=target, checkpoint=chk, partitionBy=parts)
+                pyspark_txn.delta_batch_writer(
+                    path=target, checkpoint=chk, partitionBy=parts, smallBatchRows=0
+                )
             )
         else:
             w = w.format("txn-delta").option("path", target).option("partitionBy", parts)
