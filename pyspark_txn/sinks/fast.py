@@ -245,6 +245,7 @@ class DeltaBatchWriter:
         self._last_rows: int | None = None  # rows of the last batch this writer staged
         self._run: str | None = None  # the run of the batch being written
         self._stateful: tuple[str, bool] | None = None  # (run, whether its query is stateful)
+        self._too_wide = False  # a probe went over spark.driver.maxResultSize
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Spark Connect pickles the function at start() and unpickles it once, in the
@@ -421,7 +422,7 @@ class DeltaBatchWriter:
         state stores did not all commit (a probe cut short by its limit), and running
         the plan again would commit each state version twice."""
         small = self._small_rows
-        if small <= 0 or not hasattr(df, "toArrow"):  # (toArrow: PySpark 4.0 on)
+        if small <= 0 or self._too_wide or not hasattr(df, "toArrow"):  # (toArrow: 4.0 on)
             return self._counted(self._spark_stage(df, arrow_schema, batch_id, snapshot_id, token))
         if self._last_rows is not None and self._last_rows > small:
             log.debug(
@@ -493,7 +494,22 @@ class DeltaBatchWriter:
         probe = df.limit(limit) if stateful else df.coalesce(1).limit(limit)
         _known_schema(probe, df.schema)
         started = time.perf_counter()
-        table = probe.toArrow()
+        try:
+            table = probe.toArrow()
+        except Exception as e:
+            if not _over_result_size(e):
+                raise  # (a task's own failure: Spark's writer would fail the same way)
+            # Rows too wide for the driver: Spark's writer stages this batch and the
+            # writer's later ones (a batch the writer can take must not fail the query)
+            log.warning(
+                "sink %s: the batch's first %d rows exceed spark.driver.maxResultSize: "
+                "Spark's writer stages this batch and the next ones (lower smallBatchRows "
+                "for rows this wide)",
+                self.opts.sink_id,
+                limit,
+            )
+            self._too_wide = True
+            return None
         if table.num_rows > self._small_rows:
             log.info(
                 "sink %s: the batch has over smallBatchRows=%d rows: Spark's writer stages it "
@@ -748,6 +764,12 @@ def _in_background(fn: Callable[[], T]) -> Future[T]:
         if not _BACKGROUND:
             _BACKGROUND.append(ThreadPoolExecutor(4, thread_name_prefix="txn-fast"))
         return _BACKGROUND[0].submit(fn)
+
+
+def _over_result_size(error: BaseException) -> bool:
+    """Whether a collect failed on ``spark.driver.maxResultSize`` (Spark's "Total size of
+    serialized results ... is bigger than spark.driver.maxResultSize"), classic or Connect."""
+    return "spark.driver.maxResultSize" in str(error)
 
 
 def _has_state(opts: DeltaSinkOptions) -> bool:

@@ -26,6 +26,7 @@ from test_fast_path import PARTITIONS, FastRunner, _check, _check_light, _replay
 import pyspark_txn
 from pyspark_txn import cli
 from pyspark_txn.errors import ConfigError
+from pyspark_txn.operations.handle import kept_sink_id
 from pyspark_txn.storage import delta_tables
 
 pytestmark = pytest.mark.spark
@@ -357,6 +358,35 @@ def test_a_batch_the_caller_persisted_stays_persisted(spark, tmp_path):
     assert cached_after == [True, True]
     got = {r["k"]: r["count"] for r in DeltaTable(target).to_pyarrow_table().to_pylist()}
     assert got == {0: 7, 1: 7, 2: 6}
+
+
+def test_rows_too_wide_for_the_driver_go_to_spark_s_writer(spark, tmp_path, caplog):
+    """A probe over ``spark.driver.maxResultSize`` (10,000 rows of 100 KB are 1 GB) must
+    not fail a batch that Spark's writer takes: it failed, and at every restart again.
+    The batch and the writer's later ones go to Spark's writer, each row once."""
+    src = _sized_files(tmp_path, [600, 600, 600])
+    chk, target = str(tmp_path / "chk"), str(tmp_path / "t")
+    sink = pyspark_txn.delta_batch_writer(path=target, checkpoint=chk)
+    conf = spark.sparkContext._jsc.sc().conf()  # (the live SparkConf the scheduler reads)
+    conf.set("spark.driver.maxResultSize", "1m")  # 600 rows of 2 KB are over it
+    try:
+        df = (
+            spark.readStream.schema("id long")
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(src))
+            .selectExpr("id", "repeat('x', 2000) AS s")
+        )
+        with caplog.at_level("WARNING", logger="pyspark_txn.sinks.fast"):
+            pyspark_txn.process_available(
+                df.writeStream.foreachBatch(sink).option("checkpointLocation", chk)
+            )
+    finally:
+        conf.remove("spark.driver.maxResultSize")
+    ids = DeltaTable(target).to_pyarrow_table().column("id").to_pylist()
+    assert sorted(ids) == list(range(1800))
+    assert set(_routes(target, kept_sink_id(chk) or "")) == {"spark"}
+    warned = [r.getMessage() for r in caplog.records if "maxResultSize" in r.getMessage()]
+    assert len(warned) == 1 and "lower smallBatchRows" in warned[0], warned  # probed once
 
 
 # --- the tables stay open ----------------------------------------------------------------
