@@ -13,6 +13,8 @@ from test_kill import a_stalled_driver_is_fenced, kill_mid_batches, output, star
 pytestmark = [pytest.mark.spark]
 
 TOTAL, PER_BATCH = 6000, 1000
+# Spark's writer for every batch: the small-batch route has test_fast_small_kill.py
+FAST = ("--fast", "--option", "smallBatchRows=0")
 
 
 # A partitioned table: the column the driver adds (PipelineRunner.partitions' form)
@@ -45,13 +47,13 @@ def _check(base, total=TOTAL, per_batch=PER_BATCH, partitioned=False):
 def test_driver_exit_at_a_protocol_step_then_restart(tmp_path, fired_faults, fault, partitioned):
     layout = PARTITIONED if partitioned else ()
     crashed = start_driver(
-        tmp_path, TOTAL, PER_BATCH, "--fast", *layout, "--option", f"faultInjection={fault}"
+        tmp_path, TOTAL, PER_BATCH, *FAST, *layout, "--option", f"faultInjection={fault}"
     )
     crashed.wait(timeout=300)
     assert crashed.returncode == 86, output(crashed)[-3000:]  # faults.EXIT_CODE
     fired_faults.assert_fired(fault)
     kill_group(crashed)  # the JVM of the dead driver, if it lingers
-    final = start_driver(tmp_path, TOTAL, PER_BATCH, "--fast", *layout)
+    final = start_driver(tmp_path, TOTAL, PER_BATCH, *FAST, *layout)
     final.wait(timeout=300)
     assert final.returncode == 0, output(final)[-3000:]
     _check(tmp_path, partitioned=partitioned)
@@ -60,16 +62,16 @@ def test_driver_exit_at_a_protocol_step_then_restart(tmp_path, fired_faults, fau
 @pytest.mark.chaos
 def test_one_kill_9_mid_batch_is_exactly_once(tmp_path):
     """The bounded variant of the next test: one kill, mid-batch."""
-    total, per_batch = kill_mid_batches(tmp_path, "5", "--fast", runs=1, total=8000)
+    total, per_batch = kill_mid_batches(tmp_path, "5", *FAST, runs=1, total=8000)
     _check(tmp_path, total, per_batch)
 
 
 @pytest.mark.slow
 @pytest.mark.chaos
 def test_kill_9_mid_batches_is_exactly_once(tmp_path):
-    total, per_batch = kill_mid_batches(tmp_path, "11", "--fast")
+    total, per_batch = kill_mid_batches(tmp_path, "11", *FAST)
     _check(tmp_path, total, per_batch)
 
 
 def test_a_stalled_driver_is_fenced_by_a_newer_run(tmp_path):
-    a_stalled_driver_is_fenced(tmp_path, "--fast")
+    a_stalled_driver_is_fenced(tmp_path, *FAST)
