@@ -15,6 +15,7 @@ import textwrap
 import pytest
 from pipeline_checks import PipelineRunner
 from spark_connect import requires_spark_connect, wait_until_free
+from test_fast_small import _record_routes
 
 pytestmark = [pytest.mark.spark, requires_spark_connect]
 
@@ -24,7 +25,7 @@ DRIVER = textwrap.dedent(
     from pyspark.sql import SparkSession
     import pyspark_txn
 
-    target, checkpoint, total, per_batch, runs = sys.argv[1:6]
+    target, checkpoint, total, per_batch, runs, given = sys.argv[1:7]
     spark = SparkSession.builder.remote("local[2]").getOrCreate()
     pyspark_txn.register(spark)
     outcomes = []
@@ -35,7 +36,7 @@ DRIVER = textwrap.dedent(
             .option("totalRows", int(total))
             .load()
         )
-        options = {"faultInjection": fault} if fault else {}
+        options = {**json.loads(given), **({"faultInjection": fault} if fault else {})}
         writer = pyspark_txn.delta_batch_writer(path=target, checkpoint=checkpoint, **options)
         try:
             pyspark_txn.process_available(
@@ -50,7 +51,7 @@ DRIVER = textwrap.dedent(
 )
 
 
-def _run_driver(runner: PipelineRunner, runs: list[str | None]) -> list[str | None]:
+def _run_driver(runner: PipelineRunner, runs: list[str | None], **options: str) -> list[str | None]:
     wait_until_free()
     proc = subprocess.run(
         [
@@ -62,6 +63,7 @@ def _run_driver(runner: PipelineRunner, runs: list[str | None]) -> list[str | No
             str(runner.total),
             str(runner.per_batch),
             json.dumps(runs),
+            json.dumps(options),
         ],
         capture_output=True,
         text=True,
@@ -72,10 +74,16 @@ def _run_driver(runner: PipelineRunner, runs: list[str | None]) -> list[str | No
     return json.loads(lines[-1].removeprefix("OUTCOMES "))
 
 
-@pytest.mark.parametrize("fault", ["after_record:raise@batch=1", "phase1:raise@snapshot=2"])
-def test_fast_path_on_spark_connect_is_exactly_once_across_a_restart(tmp_path, fault):
+@pytest.mark.parametrize(
+    ("fault", "small_rows"),
+    [
+        ("after_record:raise@batch=1", "10000"),  # the small-batch route (toArrow)
+        ("phase1:raise@snapshot=2", "0"),  # Spark's writer
+    ],
+)
+def test_fast_path_on_spark_connect_is_exactly_once_across_a_restart(tmp_path, fault, small_rows):
     runner = PipelineRunner(None, tmp_path, total=3000, per_batch=1000)
-    first, second = _run_driver(runner, [fault, None])
+    first, second = _run_driver(runner, [fault, None], smallBatchRows=small_rows)
     assert first is not None and "injected fault" in first, first
     assert second is None, second
     runner.assert_exactly_once()
@@ -86,3 +94,4 @@ def test_fast_path_on_spark_connect_is_exactly_once_across_a_restart(tmp_path, f
     runs = {r.run_id for r in state.records.values()}
     assert len(runs) == 2 and all(r.startswith("connect-") for r in runs), runs
     assert state.epoch == 2
+    assert set(_record_routes(runner)) == {"spark" if small_rows == "0" else "driver"}
