@@ -157,6 +157,22 @@ def _status(
             raise
         except Exception as e:
             log.warning("sink %s: cannot tell whether the target is there: %r", handle.sink_id, e)
+    if (
+        kind == "pending"
+        and rec is not None
+        and rec is state.last_record
+        and gone is None
+        and batch is not None
+        and target is not None
+        and target.commits_nothing(rec)
+    ):
+        # an empty batch: its phase 2 made no commit, so the table cannot show it and
+        # has nothing to receive (the next record, or a restart, confirms it)
+        kind = "committed"
+        refusal = (
+            f"batch {rec.batch_id} wrote no rows: its phase 2 makes no commit, nothing is "
+            "left to land"
+        )
     if gone is not None and rec is not None and kind == "pending":
         # its phase 2 may have landed in the lost table: only a restored one can say
         refusal = abandon_lost_refusal(gone, rec.batch_id)

@@ -134,6 +134,9 @@ class DeltaTarget(Target):
     def location(self) -> str:
         return f"the table at {self.uri}"
 
+    def commits_nothing(self, record: SnapshotRecord) -> bool:
+        return not record.txns and not self.commits_empty_batches
+
     def gone(self) -> str | None:
         if self.open() is not None:
             return None

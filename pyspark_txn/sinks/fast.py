@@ -100,6 +100,8 @@ _SPARK_CODECS = {
 #: The small-batch route: a batch of at most this many rows is collected to the driver
 #: and staged there (``smallBatchRows``; docs/fast_path.md, "Small batches").
 SMALL_BATCH_ROWS = 10_000
+#: The probe's limit, smallBatchRows + 1, is a Java int in Spark.
+MAX_SMALL_BATCH_ROWS = 2**31 - 2
 #: The fast path's own options (txn-delta has none of them), described once with their
 #: defaults.
 FAST_OPTIONS = {
@@ -160,11 +162,11 @@ def delta_batch_writer(path: str, checkpoint: str, **options: Any) -> DeltaBatch
 
 def _parse_small_batch_rows(value: str) -> int:
     text = value.strip()
-    if not (text.isascii() and text.isdigit()):
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_SMALL_BATCH_ROWS:
         raise ConfigError(
             f"delta_batch_writer: option smallBatchRows={value!r}: expected a whole number of "
-            "rows >= 0 (the most rows a batch may have to be staged from the driver; 0: every "
-            "batch through Spark's writer)"
+            f"rows from 0 to {MAX_SMALL_BATCH_ROWS} (the most rows a batch may have to be "
+            "staged from the driver; 0: every batch through Spark's writer)"
         )
     return int(text)
 
@@ -245,7 +247,7 @@ class DeltaBatchWriter:
         self._last_rows: int | None = None  # rows of the last batch this writer staged
         self._run: str | None = None  # the run of the batch being written
         self._stateful: tuple[str, bool] | None = None  # (run, whether its query is stateful)
-        self._too_wide = False  # a probe went over spark.driver.maxResultSize
+        self._spark_only = False  # a probe went over maxResultSize, or a persist failed
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Spark Connect pickles the function at start() and unpickles it once, in the
@@ -422,7 +424,7 @@ class DeltaBatchWriter:
         state stores did not all commit (a probe cut short by its limit), and running
         the plan again would commit each state version twice."""
         small = self._small_rows
-        if small <= 0 or self._too_wide or not hasattr(df, "toArrow"):  # (toArrow: 4.0 on)
+        if small <= 0 or self._spark_only or not hasattr(df, "toArrow"):  # (toArrow: 4.0 on)
             return self._counted(self._spark_stage(df, arrow_schema, batch_id, snapshot_id, token))
         if self._last_rows is not None and self._last_rows > small:
             log.debug(
@@ -447,8 +449,28 @@ class DeltaBatchWriter:
         try:
             try:
                 table = self._collect_small(df, stateful)
-            except BaseException:
+            except Exception as e:
                 if marker is not None:  # (the probe's error is the one to report)
+                    wait([marker])
+                if not cache:
+                    raise
+                # Spark fails some persisted stateful batches as it plans them (4.3: a
+                # max() of a string by key, "key not found" in InMemoryRelation): the
+                # batch, unpersisted, and the writer's later stateful ones go to Spark's
+                # writer, as they did before this route (its own failure, if any, is raised)
+                log.warning(
+                    "sink %s: the persisted stateful batch %d could not be probed (%s): "
+                    "Spark's writer stages it, and this writer's stateful batches from now on",
+                    self.opts.sink_id,
+                    batch_id,
+                    _first_line(e),
+                )
+                self._spark_only = True
+                cache = False
+                df.unpersist()
+                table = None
+            except BaseException:
+                if marker is not None:
                     wait([marker])
                 raise
             marked = [] if marker is None else [marker.result()]
@@ -508,7 +530,7 @@ class DeltaBatchWriter:
                 self.opts.sink_id,
                 limit,
             )
-            self._too_wide = True
+            self._spark_only = True
             return None
         if table.num_rows > self._small_rows:
             log.info(
@@ -764,6 +786,14 @@ def _in_background(fn: Callable[[], T]) -> Future[T]:
         if not _BACKGROUND:
             _BACKGROUND.append(ThreadPoolExecutor(4, thread_name_prefix="txn-fast"))
         return _BACKGROUND[0].submit(fn)
+
+
+def _first_line(error: BaseException) -> str:
+    """The line of a (Py4J) error that says what failed: its last ``Caused by``, else its
+    first line."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    causes = [ln for ln in lines if ln.startswith("Caused by:")]
+    return (causes[-1] if causes else lines[0] if lines else repr(error))[:300]
 
 
 def _over_result_size(error: BaseException) -> bool:

@@ -101,6 +101,12 @@ class Target(ABC):
         ``committed_batch`` says None, so it costs nothing in a steady run."""
         return None
 
+    def commits_nothing(self, record: SnapshotRecord) -> bool:
+        """Whether phase 2 of ``record`` leaves no trace in an existing target (an append
+        of an empty batch makes no commit), so the target cannot show that it landed,
+        and nothing is left to land: tools take such a last record for committed."""
+        return False
+
     def abandon_refusal(self, record: SnapshotRecord) -> str | None:
         """Why withdrawing the safe ``record`` now would lose or duplicate data although
         ``committed_batch`` does not hold its batch (phase 2 has begun, or can still

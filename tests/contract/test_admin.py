@@ -168,6 +168,27 @@ def test_healthy_sink_has_nothing_stuck(sink):
     assert admin.stuck_snapshots(sink.handle()) == []
 
 
+def test_a_last_batch_without_rows_is_not_stuck(sink, capsys):
+    """A run that ended on an empty batch (an empty file, a batch of duplicates only):
+    its phase 2 makes no Delta commit, so the table cannot show it, and nothing is left
+    to land. status said NEEDS ATTENTION and stuck offered to abandon it (a trial)."""
+    rec = sink.batch(2, [])
+    assert (
+        rec.txns == ()
+        and rec.snapshot_id not in sink.opts.record_store().load_sink(sink.sink_id).committed
+    )
+    assert admin.stuck_snapshots(sink.handle()) == []
+    status = admin.snapshot_status(sink.handle(), rec.snapshot_id)
+    assert status.state == "committed" and "wrote no rows" in (status.refusal or "")
+    code, out, _ = run_cli(capsys, "status", sink.chk)
+    assert code == 0 and "healthy" in out.splitlines()[0], out
+    code, out, _ = run_cli(capsys, "stuck", sink.chk)
+    assert code == 0 and "pending" not in out, out
+    # a batch with rows whose phase 2 did not land is still stuck, after the empty one
+    pending = stuck_after_record(sink, 3, [30, 31])
+    assert [s.snapshot_id for s in admin.stuck_snapshots(sink.handle())] == [pending.snapshot_id]
+
+
 def test_stuck_record_is_listed_and_abandoned_then_the_batch_is_decided_anew(sink):
     rec = stuck_after_record(sink, 2, list(range(20, 30)))
     # Phase 2 can no longer succeed: one of its staged files is lost.

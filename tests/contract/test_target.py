@@ -132,6 +132,24 @@ def test_commit_is_idempotent_and_versions_count(stager):
     assert stager.rows() == [1, 2, 3]
 
 
+def test_commits_nothing_says_what_an_empty_batch_leaves_in_the_target(stager):
+    """``commits_nothing``: true only where phase 2 of a record leaves no trace in an
+    existing target (tools then take such a last record for committed), so a target's
+    committed batch must then stay where it was; false for a record with rows."""
+    tok = new_token()
+    first = stager.record(0, tok, 0, stager.stage(0, tok, [1, 2]))
+    stager.target.commit(first)
+    assert not stager.target.commits_nothing(first)
+    empty = stager.record(1, new_token(), 1, [])
+    nothing = stager.target.commits_nothing(empty)
+    stager.target.commit(empty)
+    if nothing:
+        assert stager.target.committed_batch(SINK) == 0
+    else:
+        assert stager.target.committed_batch(SINK) == 1
+    assert nothing == (stager.kind in ("delta", "delta-merge"))
+
+
 def test_a_commit_of_another_sink_with_the_same_id_is_not_taken_for_ours(stager):
     """Two queries write as one sink id: the app transaction says "batch 1 done", but
     the commit carrying it is not this record's: refuse instead of losing the batch."""
