@@ -154,6 +154,11 @@ def check_writable_schema(schema) -> None:
                 f"column {f.name!r} has type NULL (void: e.g. a bare lit(None)); give it a "
                 "type with .cast(...) before the sink"
             )
+        if _contains_type(f.type, lambda t: pa.types.is_struct(t) and t.num_fields == 0):
+            raise ConfigError(
+                f"column {f.name!r} has a struct with no fields (e.g. a bare struct()), which "
+                "parquet cannot store; drop it or give the struct a field before the sink"
+            )
 
 
 def _one_field_schema(f):

@@ -296,6 +296,8 @@ def test_check_constraints_are_refused(delta):
         (pa.schema([("gap", pa.duration("us"))]), "'gap'.*cannot store"),
         (pa.schema([("nothing", pa.null())]), "NULL"),
         (pa.schema([("s", pa.struct([("n", pa.null())]))]), "NULL"),
+        (pa.schema([("es", pa.struct([]))]), "'es' has a struct with no fields"),
+        (pa.schema([("l", pa.list_(pa.struct([])))]), "'l' has a struct with no fields"),
     ],
 )
 def test_schemas_delta_cannot_store_are_refused(schema, message):
