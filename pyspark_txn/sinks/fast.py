@@ -442,17 +442,17 @@ class DeltaBatchWriter:
         marker = (
             None
             if self.opts.partition_by
-            else _in_background(lambda: self._mark_root(snapshot_id, token, attempt))
+            else _in_background(lambda: self._mark_attempt(snapshot_id, token, attempt, ""))
         )
         if cache:
             df.persist()
         try:
             try:
                 table = self._collect_small(df, stateful)
-            except Exception as e:
+            except BaseException as e:
                 if marker is not None:  # (the probe's error is the one to report)
                     wait([marker])
-                if not cache:
+                if not cache or not isinstance(e, Exception):
                     raise
                 # Spark fails some persisted stateful batches as it plans them (4.3: a
                 # max() of a string by key, "key not found" in InMemoryRelation): the
@@ -469,10 +469,6 @@ class DeltaBatchWriter:
                 cache = False
                 df.unpersist()
                 table = None
-            except BaseException:
-                if marker is not None:
-                    wait([marker])
-                raise
             marked = [] if marker is None else [marker.result()]
             if table is None:
                 self._unmark(marked)
@@ -486,14 +482,16 @@ class DeltaBatchWriter:
                 df.unpersist()
         return self._counted(handles)
 
-    def _mark_root(self, snapshot_id: int, token: str, attempt: str) -> str:
-        """Write the marker of the table root for task attempt ``00000-<attempt>`` (what
-        ``stage_partition`` writes before its first file there); return its path."""
+    def _mark_attempt(self, snapshot_id: int, token: str, attempt: str, rel_dir: str) -> str:
+        """Write the first marker of task attempt ``00000-<attempt>``, naming ``rel_dir``
+        (the folder its files go into, "" the table root), durably, before anything is
+        written there: from then on discard and the sweep find whatever is left there.
+        Returns the marker's path."""
         opts = self.opts
         fs, root = _fs.filesystem(opts.path, opts.storage)
-        path = _fs.join(root, snapshot_dir(opts.sink_id, snapshot_id, token))
-        path = _fs.join(path, marker_name(0, attempt, 0))
-        write_marker(fs, path, "", _fs.is_local(opts.path))
+        marker_dir = snapshot_dir(opts.sink_id, snapshot_id, token)
+        path = _fs.join(root, marker_dir, marker_name(0, attempt, 0))
+        write_marker(fs, path, rel_dir, _fs.is_local(opts.path))
         return path
 
     def _unmark(self, markers: list[str]) -> None:
@@ -602,11 +600,8 @@ class DeltaBatchWriter:
         fs, root = _fs.filesystem(opts.path, opts.storage)
         local = _fs.is_local(opts.path)
         attempt = uuid.uuid4().hex[:8]
-        base = _fs.join(root, snapshot_dir(opts.sink_id, snapshot_id, token))
         out_rel = spark_folder(opts.sink_id, snapshot_id, token, attempt)
-        # The marker names the attempt's folder before Spark creates it: from then on
-        # discard and the sweep find (and remove) whatever Spark leaves there.
-        write_marker(fs, _fs.join(base, marker_name(0, attempt, 0)), out_rel, local)
+        self._mark_attempt(snapshot_id, token, attempt, out_rel)  # before Spark's folder
         # Spark gets the URI its Hadoop filesystem expects (s3a:// ...), checked up front
         spark_target = spark_uri(_fs.join(opts.path, out_rel), df.sparkSession, opts.storage)
         started = time.perf_counter()
