@@ -17,7 +17,7 @@ from ...storage.checkpoint import RESTORE_FILE, read_restore_mark
 from .. import snapshots
 from ..handle import open_sink
 from ..snapshots.location import _relation
-from ..snapshots.prepare import check_pair, check_startable, start_from_entry
+from ..snapshots.prepare import check_pair, check_startable, is_stateful, start_from_entry
 from .catalog import (
     COMPLETED,
     RESTORE_MARKER,
@@ -150,7 +150,9 @@ def restore(
     for i, m in enumerate(members):
         part = st.members[i].part
         assert part is not None  # a completed backup's members all have their part
-        check_startable(part, fresh=_stateful(part))
+        # a stateful query's state is not in the backup: it is restored as a new query
+        # over its restored table (prepare.rederives says when that is exact)
+        check_startable(part, fresh=is_stateful(part))
         check_pair(*places[i])
         if in_place and not _is_done(marks[i], mine):
             _check_in_place(m, places[i], marks[i], mine)
@@ -173,20 +175,13 @@ def restore(
         assert part is not None
         chk, path = places[i]
         reads = {s: places[u][1] for s, u in graph[i]}
+        fresh = is_stateful(part)
         mark = marks[i]
         if mark is not None and _is_done(mark, mine):
             restored[i] = (int(mark["table_version"]), str(mark["table_id"]))
             _check_still_there(path, chk, backup_id, restored[i])
             out.append(
-                Restored(
-                    m.checkpoint,
-                    chk,
-                    path,
-                    part.batch_id,
-                    reads,
-                    earlier=True,
-                    fresh=_stateful(part),
-                )
+                Restored(m.checkpoint, chk, path, part.batch_id, reads, earlier=True, fresh=fresh)
             )
             continue
         _clear_unfinished(chk, path, marks[i], mine, in_place)
@@ -206,7 +201,7 @@ def restore(
                 "reads": {str(s): p for s, p in reads.items()},
             },
             offsets=offsets,
-            fresh=_stateful(part),
+            fresh=fresh,
         )
         _fault(f"restore_after_checkpoint:{i}")
         restored[i] = _table_identity(path)
@@ -221,20 +216,12 @@ def restore(
                 "table_id": table_id,
             },
         )
-        out.append(
-            Restored(m.checkpoint, chk, path, prepared.batch_id, reads, fresh=_stateful(part))
-        )
+        out.append(Restored(m.checkpoint, chk, path, prepared.batch_id, reads, fresh=fresh))
         log.info("backup %d: restored %s into %s and %s", backup_id, m.checkpoint, chk, path)
         _fault("exit_after_restore_part")
         _fault(f"restore_after_member:{i}")
     order = {m.checkpoint: k for k, m in enumerate(members)}
     return sorted(out, key=lambda r: order[r.original])
-
-
-def _stateful(part: Any) -> bool:
-    """A stateful query's part: its Spark state is not in the backup, so it is restored
-    as a new query over its restored table (prepare.rederives says when that is exact)."""
-    return bool(part.details.get("stateful") or part.details.get("state_tables"))
 
 
 def _check_sources(members: Sequence[Member], st: BackupStatus, accept_message_loss: bool) -> None:

@@ -164,6 +164,12 @@ def prepare_query(
     return start_from_entry(entry, chk_uri, path_uri, {"from": location}, progress=progress)
 
 
+def is_stateful(entry: NamedSnapshot) -> bool:
+    """Whether the snapshot is of a stateful query (its Spark state, exported or not,
+    is not in a Spark checkpoint a new query could start from)."""
+    return bool(entry.details.get("stateful") or entry.details.get("state_tables"))
+
+
 def rederives(entry: NamedSnapshot) -> bool:
     """Whether the snapshot's query, stateful, may start anew and recompute its state
     from its sources over its restored table: its sink rewrites its results (merged by
@@ -186,7 +192,7 @@ def check_startable(entry: NamedSnapshot, *, fresh: bool = False) -> None:
         )
     if fresh:
         return
-    if entry.details.get("stateful") or entry.details.get("state_tables"):
+    if is_stateful(entry):
         raise ConfigError(
             f"snapshot {name!r} is of a stateful query: its exported state tables can be read "
             "but Spark cannot start a query from them"
