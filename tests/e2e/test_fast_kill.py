@@ -45,15 +45,21 @@ def _check(base, total=TOTAL, per_batch=PER_BATCH, partitioned=False):
     ],
 )
 def test_driver_exit_at_a_protocol_step_then_restart(tmp_path, fired_faults, fault, partitioned):
+    exit_at_a_step_then_restart(tmp_path, fired_faults, fault, partitioned, FAST)
+
+
+def exit_at_a_step_then_restart(tmp_path, fired_faults, fault, partitioned, flags) -> None:
+    """The driver (``flags``: the fast path's) exits at ``fault``; a restart finishes
+    the run; every row is checked."""
     layout = PARTITIONED if partitioned else ()
     crashed = start_driver(
-        tmp_path, TOTAL, PER_BATCH, *FAST, *layout, "--option", f"faultInjection={fault}"
+        tmp_path, TOTAL, PER_BATCH, *flags, *layout, "--option", f"faultInjection={fault}"
     )
     crashed.wait(timeout=300)
     assert crashed.returncode == 86, output(crashed)[-3000:]  # faults.EXIT_CODE
     fired_faults.assert_fired(fault)
     kill_group(crashed)  # the JVM of the dead driver, if it lingers
-    final = start_driver(tmp_path, TOTAL, PER_BATCH, *FAST, *layout)
+    final = start_driver(tmp_path, TOTAL, PER_BATCH, *flags, *layout)
     final.wait(timeout=300)
     assert final.returncode == 0, output(final)[-3000:]
     _check(tmp_path, partitioned=partitioned)

@@ -7,13 +7,11 @@ Spark's route: tests/e2e/test_fast_kill.py.
 """
 
 import pytest
-from processes import kill_group
-from test_fast_kill import PARTITIONED, _check
-from test_kill import a_stalled_driver_is_fenced, kill_mid_batches, output, start_driver
+from test_fast_kill import _check, exit_at_a_step_then_restart
+from test_kill import a_stalled_driver_is_fenced, kill_mid_batches
 
 pytestmark = [pytest.mark.spark]
 
-TOTAL, PER_BATCH = 6000, 1000
 SMALL = ("--fast", "--option", "smallBatchRows=5000")
 
 
@@ -30,18 +28,7 @@ SMALL = ("--fast", "--option", "smallBatchRows=5000")
     ],
 )
 def test_driver_exit_at_a_protocol_step_then_restart(tmp_path, fired_faults, fault, partitioned):
-    layout = PARTITIONED if partitioned else ()
-    crashed = start_driver(
-        tmp_path, TOTAL, PER_BATCH, *SMALL, *layout, "--option", f"faultInjection={fault}"
-    )
-    crashed.wait(timeout=300)
-    assert crashed.returncode == 86, output(crashed)[-3000:]  # faults.EXIT_CODE
-    fired_faults.assert_fired(fault)
-    kill_group(crashed)  # the JVM of the dead driver, if it lingers
-    final = start_driver(tmp_path, TOTAL, PER_BATCH, *SMALL, *layout)
-    final.wait(timeout=300)
-    assert final.returncode == 0, output(final)[-3000:]
-    _check(tmp_path, partitioned=partitioned)
+    exit_at_a_step_then_restart(tmp_path, fired_faults, fault, partitioned, SMALL)
 
 
 @pytest.mark.chaos

@@ -218,14 +218,18 @@ def test_a_replayed_batch_writes_nothing(fast):
 
 
 def test_a_new_run_takes_the_epoch(fast):
-    fast.total = 2000
-    assert fast.run() is None
-    first = fast.sink_state()
-    fast.total = 4000
-    assert fast.run() is None
-    second = fast.sink_state()
+    _a_new_run_takes_the_epoch(fast)
+
+
+def _a_new_run_takes_the_epoch(runner: FastRunner) -> None:
+    runner.total = 2000
+    assert runner.run() is None
+    first = runner.sink_state()
+    runner.total = 4000
+    assert runner.run() is None
+    second = runner.sink_state()
     assert second.epoch > first.epoch and second.epoch_owner != first.epoch_owner
-    _check(fast)
+    _check(runner)
 
 
 @pytest.mark.parametrize(

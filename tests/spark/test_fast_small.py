@@ -21,7 +21,14 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from pipeline_checks import PipelineRunner
-from test_fast_path import PARTITIONS, FastRunner, _check, _check_light, _replay_last_batch
+from test_fast_path import (
+    PARTITIONS,
+    FastRunner,
+    _a_new_run_takes_the_epoch,
+    _check,
+    _check_light,
+    _replay_last_batch,
+)
 
 import pyspark_txn
 from pyspark_txn import cli
@@ -99,14 +106,7 @@ def test_small_batches_are_staged_from_the_driver_and_verify(small):
 
 
 def test_a_new_run_takes_the_epoch(small):
-    small.total = 2000
-    assert small.run() is None
-    first = small.sink_state()
-    small.total = 4000
-    assert small.run() is None
-    second = small.sink_state()
-    assert second.epoch > first.epoch and second.epoch_owner != first.epoch_owner
-    _check(small)
+    _a_new_run_takes_the_epoch(small)
 
 
 def test_a_fault_at_every_step_in_one_pipeline(small):
