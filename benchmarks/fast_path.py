@@ -49,7 +49,12 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 # Python workers unpickle the count-only sink by module name: let them import it
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_HERE, os.environ.get("PYTHONPATH")]))
-from sink_throughput import CountOnlySink, foreach_batch_to_delta, paired_ratio  # noqa: E402
+from sink_throughput import (  # noqa: E402
+    CountOnlySink,
+    foreach_batch_to_delta,
+    paired_ratio,
+    time_calls,
+)
 
 SINKS = ["parquet", "fast", "txn-delta", "count-only", "foreachBatch"]
 LAST: dict = {}  # what run_once saw of its last run besides its time
@@ -91,23 +96,11 @@ STEPS: dict[str, list[float]] = {}
 
 def time_steps() -> None:
     """Wrap the fast path's steps (the driver's side of one batch) with timers."""
-    import functools
-
     from pyspark_txn.sinks import delta, delta_target, fast, twophase
     from pyspark_txn.state.backends import delta_log
 
     def wrap(owner, name: str, label: str) -> None:
-        inner = getattr(owner, name)
-
-        @functools.wraps(inner)
-        def timed(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return inner(*a, **k)
-            finally:
-                STEPS.setdefault(label, []).append((time.perf_counter() - t0) * 1000)
-
-        setattr(owner, name, timed)
+        time_calls(owner, name, STEPS.setdefault(label, []).append)
 
     for owner, name, label in [
         (fast.DeltaBatchWriter, "__call__", "callback (all of the below)"),

@@ -151,6 +151,24 @@ def throughput(args) -> dict:
     return {"times_s": times, "median_s": med, "m_rows_per_s": rate}
 
 
+def time_calls(owner, name: str, record) -> None:
+    """Replace ``owner.name`` (a function or method) by one that passes the ms of each
+    call to ``record`` (``--steps`` of the benchmarks: where a batch's time goes)."""
+    import functools
+
+    inner = getattr(owner, name)
+
+    @functools.wraps(inner)
+    def timed(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return inner(*a, **k)
+        finally:
+            record((time.perf_counter() - t0) * 1000)
+
+    setattr(owner, name, timed)
+
+
 def paired_ratio(times: dict[str, list[float]], a: str, b: str) -> float:
     """Median over rounds of (rate a / rate b) within one round: noise shared by a
     round cancels out."""

@@ -65,7 +65,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 # Python workers unpickle the count-only sink by module name: let them import it
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_HERE, os.environ.get("PYTHONPATH")]))
-from sink_throughput import CountOnlySink  # noqa: E402
+from sink_throughput import CountOnlySink, time_calls  # noqa: E402
 
 log = logging.getLogger("small_batches")
 
@@ -262,7 +262,11 @@ def make_listener(spark):
 
 def _step(label: str, started: float, ended: float | None = None) -> None:
     ended = time.perf_counter() if ended is None else ended
-    STEPS.setdefault(_RUNNING[0], {}).setdefault(label, []).append((ended - started) * 1000)
+    _record_step(label, (ended - started) * 1000)
+
+
+def _record_step(label: str, ms: float) -> None:
+    STEPS.setdefault(_RUNNING[0], {}).setdefault(label, []).append(ms)
 
 
 def foreach_batch_to_delta(path: str, app_id: str = APP_ID, steps: bool = False):
@@ -307,24 +311,12 @@ def foreach_batch_to_delta(path: str, app_id: str = APP_ID, steps: bool = False)
 
 def time_steps() -> None:
     """Wrap the fast path's steps (its callback in the driver) with timers."""
-    import functools
-
     from pyspark_txn.sinks import delta_target, fast, light, staging, twophase
     from pyspark_txn.state import store
     from pyspark_txn.state.backends import delta_log
 
     def wrap(owner, name: str, label: str) -> None:
-        inner = getattr(owner, name)
-
-        @functools.wraps(inner)
-        def timed(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return inner(*a, **k)
-            finally:
-                _step(label, t0)
-
-        setattr(owner, name, timed)
+        time_calls(owner, name, lambda ms: _record_step(label, ms))
 
     for owner, name, label in [
         (fast.DeltaBatchWriter, "__call__", "callback (all of the below)"),
@@ -337,7 +329,11 @@ def time_steps() -> None:
         (twophase.TwoPhaseCommitter, "allocate", "allocate"),
         (fast.DeltaBatchWriter, "_is_stateful", "stateful? (once per run)"),
         (fast.DeltaBatchWriter, "_collect_small", "probe: limit + toArrow"),
-        (fast.DeltaBatchWriter, "_mark_root", "  marker of the root (beside the probe)"),
+        (
+            fast.DeltaBatchWriter,
+            "_mark_attempt",
+            "  marker of the attempt (the root's: beside the probe)",
+        ),
         (fast, "stage_partition", "stage from the driver (parquet, fsync)"),
         (staging, "write_marker", "  marker (in the staging)"),
         (staging, "fsync_folders", "  fsync of the folders"),
