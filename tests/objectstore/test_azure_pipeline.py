@@ -13,7 +13,7 @@ def test_txn_delta_on_azurite_is_exactly_once_across_crashes(spark, tmp_path, az
     task dies while staging: each restart finishes what the record table says, and every
     row lands once with no orphan blob."""
     p = S3Pipeline(spark, tmp_path, azure, total=300, per_batch=100)
-    for fault in ["after_record:exit@batch=0", "phase1:exit@snapshot=3"]:
+    for fault in ["after_record:exit@batch=0", "phase1:exit@partition=0"]:
         assert p.run(fault) is not None, fault
         fired_faults.assert_fired(fault)
     assert p.run() is None

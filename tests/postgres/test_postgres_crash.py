@@ -62,7 +62,7 @@ def test_a_crash_at_every_step_in_one_pipeline(pipeline, fired_faults):
     for fault in [
         "after_record:exit@batch=0",
         "mid_phase2:raise@batch=1",
-        "phase1:exit@snapshot=4",
+        "phase1:exit@partition=0",  # the next batch, whatever its snapshot id
         "before_record:raise@batch=3",
         "after_phase2:exit@batch=4",
         "after_commit:exit@batch=5",
