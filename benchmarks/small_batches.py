@@ -377,6 +377,11 @@ def start_query(spark, sink: str, work: str, args, n_batches: int):
 
         writer = pyspark_txn.delta_batch_writer(path=table, checkpoint=chk, **FAST_SINKS[sink])
         return w.foreachBatch(writer).start()
+    if sink == "fast-before":  # small_foreach.py --before DIR: an older copy, same options
+        import pyspark_txn_before  # type: ignore[import-not-found]
+
+        writer = pyspark_txn_before.delta_batch_writer(path=table, checkpoint=chk)
+        return w.foreachBatch(writer).start()
     if sink == "count-only":
         return w.format(CountOnlySink.name()).start()
     raise ValueError(f"unknown sink {sink!r}; known: {ALL_SINKS}")

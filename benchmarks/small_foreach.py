@@ -16,6 +16,9 @@ batch, 2 partitions, the default trigger: as fast as possible), these sinks
   fast-spark    the same with smallBatchRows=0: Spark's writer for every batch (the fast
                 path before the small-batch route)
   fast-light    ``fast`` with mode=light (not in the default set)
+  fast-before   with ``--before DIR``: ``fast`` of an older copy of the package,
+                importable from DIR as ``pyspark_txn_before`` (``git archive`` of the
+                commit, its ``pyspark_txn/`` renamed), for before/after in one run
 
 Each sink keeps one table and checkpoint for the whole run. The run is ``--rounds``
 rounds; in each round every sink's query is (re)started on its checkpoint and runs
@@ -50,7 +53,7 @@ import small_batches as sb  # noqa: E402
 log = logging.getLogger("small_foreach")
 
 SINKS = ["noop", "foreachBatch", "fast", "fast-spark"]
-KNOWN = [*SINKS, "fast-light"]
+KNOWN = [*SINKS, "fast-light", "fast-before"]
 
 
 def run_round(spark, collector, sink: str, work: str, args, until: int) -> dict[str, Any]:
@@ -186,8 +189,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", action="store_true", help="time the driver's steps")
     p.add_argument("--stall-s", type=float, default=900.0)
     p.add_argument("--json")
+    p.add_argument("--before", help="folder holding pyspark_txn_before (sink fast-before)")
     args = p.parse_args(argv)
     sinks = [s.strip() for s in args.sinks.split(",") if s.strip()]
+    if args.before:
+        sys.path.insert(0, os.path.abspath(args.before))
+        if "fast-before" not in sinks:
+            sinks.append("fast-before")
     unknown = [s for s in sinks if s not in KNOWN]
     if unknown or args.rounds < 1 or args.batches < 3:
         p.error(f"unknown sinks {unknown}; known: {KNOWN}" if unknown else "too few batches")

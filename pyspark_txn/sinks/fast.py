@@ -278,6 +278,7 @@ class DeltaBatchWriter:
                 "batch is written by one call (union the parts first); two tables need two "
                 "writers with two checkpoints"
             )
+        probe = self._probe_ahead(df, batch_id)
         query_id = read_query_id(opts.checkpoint_location, fs_options)
         if job.query_id is not None and query_id is not None and job.query_id != query_id:
             raise ConfigError(
@@ -317,7 +318,7 @@ class DeltaBatchWriter:
         target = opts.target()
         target.check_stream_schema(opts.table_schema(arrow_schema), opts.merge_schema)
         if opts.light:
-            self._light_batch(df, batch_id, target, query_id, arrow_schema)
+            self._light_batch(df, batch_id, target, query_id, arrow_schema, probe)
             self._written = (job.run_id, batch_id)
             return
         committer = opts.committer()
@@ -347,7 +348,9 @@ class DeltaBatchWriter:
             # query's batch runs for its operators' state alone).
             if replay:
                 _run_stateful_replay(df, opts, batch_id)
-            txns = [] if replay else self._stage(df, arrow_schema, batch_id, snapshot_id, token)
+            txns = (
+                [] if replay else self._stage(df, arrow_schema, batch_id, snapshot_id, token, probe)
+            )
             committer.commit(
                 batch_id,
                 snapshot_id,
@@ -382,7 +385,13 @@ class DeltaBatchWriter:
         return self._given
 
     def _light_batch(
-        self, df, batch_id: int, target: DeltaTarget, query_id: str | None, arrow_schema
+        self,
+        df,
+        batch_id: int,
+        target: DeltaTarget,
+        query_id: str | None,
+        arrow_schema,
+        probe: Future | None,
     ) -> None:
         """Light mode: the table's app transaction alone decides; a batch it holds is
         not written again (Spark's write never runs for it)."""
@@ -401,7 +410,7 @@ class DeltaBatchWriter:
         committer = opts.light_committer()
         token = new_token()
         try:
-            txns = self._stage(df, arrow_schema, batch_id, LIGHT_SNAPSHOT_ID, token)
+            txns = self._stage(df, arrow_schema, batch_id, LIGHT_SNAPSHOT_ID, token, probe)
             meta = opts.target_meta(arrow_schema, None)
             committer.commit(batch_id, token, txns, query_id=query_id, target_meta=meta)
         except BaseException:
@@ -410,8 +419,42 @@ class DeltaBatchWriter:
 
     # --- phase 1 ------------------------------------------------------------------
 
+    def _probe_ahead(self, df, batch_id: int) -> Future | None:
+        """Start building the probe DataFrame of a batch that will take the small-batch
+        route, while this thread checks, allocates and reads the tables: Spark analyses
+        each new DataFrame (the probe's coalesce and limit: ~5 ms of a 10-row batch's
+        ~55, measured on 4.3), and that needs no Python. Only where the route and the
+        probe's shape are already known: the next batch of this run after a small one,
+        in a query known not to be stateful, on a classic session (Spark Connect builds
+        plans on the client). Building a DataFrame runs nothing and writes nothing."""
+        run = self._run
+        if (
+            run is None
+            or self._written != (run, batch_id - 1)
+            or self._stateful != (run, False)
+            or self._last_rows is None
+            or not self._takes_small_route(df)
+            or _is_connect(df.sparkSession)
+        ):
+            return None
+        limit = self._small_rows + 1
+        return _in_background(lambda: df.coalesce(1).limit(limit))
+
+    def _takes_small_route(self, df) -> bool:
+        """Whether a batch may go the small-batch route (a probe then decides)."""
+        small = self._small_rows
+        if small <= 0 or self._spark_only or not hasattr(df, "toArrow"):  # (toArrow: 4.0 on)
+            return False
+        return self._last_rows is None or self._last_rows <= small
+
     def _stage(
-        self, df, arrow_schema, batch_id: int, snapshot_id: int, token: str
+        self,
+        df,
+        arrow_schema,
+        batch_id: int,
+        snapshot_id: int,
+        token: str,
+        probe: Future | None = None,
     ) -> list[TxnHandle]:
         """Phase 1 of the attempt; the written files' handles. A small batch is staged from
         the driver (no Spark write job: most of a tiny batch's cost), any other by Spark's
@@ -423,16 +466,14 @@ class DeltaBatchWriter:
         state commits) runs once whichever way it is written: Spark refuses a batch whose
         state stores did not all commit (a probe cut short by its limit), and running
         the plan again would commit each state version twice."""
-        small = self._small_rows
-        if small <= 0 or self._spark_only or not hasattr(df, "toArrow"):  # (toArrow: 4.0 on)
-            return self._counted(self._spark_stage(df, arrow_schema, batch_id, snapshot_id, token))
-        if self._last_rows is not None and self._last_rows > small:
-            log.debug(
-                "sink %s: the last batch had %d rows, over smallBatchRows=%d: Spark's writer",
-                self.opts.sink_id,
-                self._last_rows,
-                small,
-            )
+        if not self._takes_small_route(df):
+            if self._last_rows is not None and self._last_rows > self._small_rows > 0:
+                log.debug(
+                    "sink %s: the last batch had %d rows, over smallBatchRows=%d: Spark's writer",
+                    self.opts.sink_id,
+                    self._last_rows,
+                    self._small_rows,
+                )
             return self._counted(self._spark_stage(df, arrow_schema, batch_id, snapshot_id, token))
         stateful = self._is_stateful(df)
         cache = stateful and not _is_persisted(df)  # (a batch the caller persisted stays so)
@@ -448,7 +489,7 @@ class DeltaBatchWriter:
             df.persist()
         try:
             try:
-                table = self._collect_small(df, stateful)
+                table = self._collect_small(df, stateful, None if stateful else probe)
             except BaseException as e:
                 if marker is not None:  # (the probe's error is the one to report)
                     wait([marker])
@@ -505,13 +546,19 @@ class DeltaBatchWriter:
         self._last_rows = sum(h.rows for h in handles)
         return handles
 
-    def _collect_small(self, df, stateful: bool):
+    def _collect_small(self, df, stateful: bool, ahead: Future | None = None):
         """The batch as an Arrow table if it has at most ``smallBatchRows`` rows, else None;
         never more than ``smallBatchRows + 1`` rows come to the driver. One task reads
         the partitions in turn (no shuffle for the limit); a stateful batch, persisted,
-        is computed in parallel, each partition whole."""
+        is computed in parallel, each partition whole. ``ahead``: the probe DataFrame,
+        being built (:meth:`_probe_ahead`)."""
         limit = self._small_rows + 1
-        probe = df.limit(limit) if stateful else df.coalesce(1).limit(limit)
+        if ahead is not None:
+            probe = ahead.result()
+        elif stateful:
+            probe = df.limit(limit)
+        else:
+            probe = df.coalesce(1).limit(limit)
         _known_schema(probe, df.schema)
         started = time.perf_counter()
         try:

@@ -457,6 +457,36 @@ def test_the_tables_stay_open_across_batches(spark, tmp_path):
     assert all(t == later[0] for t in later), later
 
 
+def test_a_steady_run_builds_each_probe_while_the_driver_checks(spark, tmp_path):
+    """From a run's second small batch on, the probe DataFrame is built on another
+    thread while the callback's thread checks and allocates (_probe_ahead), and that
+    probe is the one collected; the first batch of a run builds its own."""
+    runner = SmallRunner(spark, tmp_path, total=6000)
+    sink = pyspark_txn.delta_batch_writer(
+        path=runner.target, checkpoint=runner.checkpoint, smallBatchRows=SMALL
+    )
+    ahead: list[bool] = []
+    collected: list[bool] = []
+    probe_ahead, collect_small = sink._probe_ahead, sink._collect_small
+
+    def spy_ahead(df, batch_id):
+        future = probe_ahead(df, batch_id)
+        ahead.append(future is not None)
+        return future
+
+    def spy_collect(df, stateful, ahead_probe=None):
+        collected.append(ahead_probe is not None)
+        return collect_small(df, stateful, ahead_probe)
+
+    sink._probe_ahead, sink._collect_small = spy_ahead, spy_collect
+    w = runner.source().writeStream.foreachBatch(sink)
+    pyspark_txn.process_available(w.option("checkpointLocation", runner.checkpoint))
+    _check(runner)
+    _assert_driver_staged(runner)
+    assert ahead == [False] + [True] * 5, ahead
+    assert collected == ahead
+
+
 # --- the option ----------------------------------------------------------------------------
 
 
