@@ -437,8 +437,7 @@ class DeltaBatchWriter:
             or _is_connect(df.sparkSession)
         ):
             return None
-        limit = self._small_rows + 1
-        return _in_background(lambda: df.coalesce(1).limit(limit))
+        return _in_background(lambda: self._probe_of(df, stateful=False))
 
     def _takes_small_route(self, df) -> bool:
         """Whether a batch may go the small-batch route (a probe then decides)."""
@@ -553,12 +552,7 @@ class DeltaBatchWriter:
         is computed in parallel, each partition whole. ``ahead``: the probe DataFrame,
         being built (:meth:`_probe_ahead`)."""
         limit = self._small_rows + 1
-        if ahead is not None:
-            probe = ahead.result()
-        elif stateful:
-            probe = df.limit(limit)
-        else:
-            probe = df.coalesce(1).limit(limit)
+        probe = ahead.result() if ahead is not None else self._probe_of(df, stateful)
         _known_schema(probe, df.schema)
         started = time.perf_counter()
         try:
@@ -587,6 +581,11 @@ class DeltaBatchWriter:
             )
             return None
         return table
+
+    def _probe_of(self, df, stateful: bool):
+        """The probe DataFrame: at most ``smallBatchRows + 1`` rows of the batch."""
+        limit = self._small_rows + 1
+        return df.limit(limit) if stateful else df.coalesce(1).limit(limit)
 
     def _driver_stage(
         self,
