@@ -40,25 +40,21 @@ import uuid
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pyspark_txn.storage.fs import fsync_dir
+
 
 def _event(seq: int) -> pa.Table:
     return pa.table({"stream": ["sink"], "seq": [seq], "payload": ["x" * 400]})
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def direct_append(root: str, version: int, seq: int) -> None:
     """Commit ``version`` (one add, one txn) by put-if-absent; FileExistsError if taken."""
     name = f"part-{uuid.uuid4()}.parquet"
     path = os.path.join(root, name)
-    pq.write_table(_event(seq), path)
-    _fsync(path)
+    with open(path, "wb") as f:
+        pq.write_table(_event(seq), f)
+        f.flush()
+        os.fsync(f.fileno())
     now = int(time.time() * 1000)
     actions = [
         {"commitInfo": {"timestamp": now, "operation": "WRITE"}},
@@ -83,7 +79,7 @@ def direct_append(root: str, version: int, seq: int) -> None:
         os.link(tmp, os.path.join(log_dir, f"{version:020d}.json"))
     finally:
         os.unlink(tmp)
-    _fsync(log_dir)
+    fsync_dir(log_dir)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
