@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigError
 from ...storage import current
+from ...storage.delta_tables import read_rows
 from ..snapshots.registry import backup_part_name
 
 if TYPE_CHECKING:
@@ -140,7 +141,7 @@ def _open_catalog(to: str, create: bool = False) -> DeltaTable:
 
 
 def _rows(dt: DeltaTable) -> list[dict[str, Any]]:
-    rows = dt.to_pyarrow_table().to_pylist()
+    rows = read_rows(dt)
     for r in rows:
         r["body"] = json.loads(r["body"]) if r["body"] else {}
     return sorted(rows, key=lambda r: r["at"])

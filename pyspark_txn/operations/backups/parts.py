@@ -25,8 +25,8 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...state.core import NamedSnapshot
-from ...storage import current
 from ...storage import fs as _fs
+from ...storage.delta_tables import read_rows
 from .. import snapshots
 from .catalog import _is_ours
 from .plan import Member
@@ -62,15 +62,10 @@ def part_from_manifest(location: str, name: str, member: Member) -> NamedSnapsho
     """A completed legacy backup's part, read back from its manifest table (None if there
     is none): what the registry entry said, but for the per-file sizes and CRC32s, which
     verify re-derives from the data table and checks against the manifest's checksum."""
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        rows = (
-            DeltaTable(_fs.join(location, "manifest"), storage_options=current().for_delta())
-            .to_pyarrow_table()
-            .to_pylist()
-        )
+        rows = read_rows(_fs.join(location, "manifest"))
     except TableNotFoundError:
         return None
     if not rows:

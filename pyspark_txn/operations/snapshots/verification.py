@@ -17,6 +17,7 @@ from ...state.core import (
     delete_named,
 )
 from ...storage import fs as _fs
+from ...storage.delta_tables import count_rows, read_rows
 from ...storage.options import StorageOptions, current, takes_storage_options
 from ..verify import byte_progress, crc32_of
 from .copy import TableCopy
@@ -162,11 +163,10 @@ def _no_progress(_n: int) -> None:
 
 def _check_manifest(entry: NamedSnapshot, sink_id: str) -> list[str]:
     """Every row of ``<to>/manifest`` says what the registry entry says."""
-    from deltalake import DeltaTable
 
     uri = _fs.join(entry.location, "manifest")
     try:
-        rows = DeltaTable(uri, storage_options=current().for_delta()).to_pyarrow_table().to_pylist()
+        rows = read_rows(uri)
     except Exception as e:
         return [f"{uri}: unreadable manifest: {e}"]
     d = entry.details
@@ -255,7 +255,6 @@ def _check_files(uri: str, label: str, files: list[list[Any]]) -> list[str]:
 
 def _check_state_tables(entry: NamedSnapshot) -> list[str]:
     """Each exported state table still reads, with the row count recorded at export."""
-    from deltalake import DeltaTable
 
     problems = []
     for table in entry.details.get("state_tables", []):
@@ -263,11 +262,7 @@ def _check_state_tables(entry: NamedSnapshot) -> list[str]:
         if table.get("files") is not None:
             problems.extend(_check_files(uri, table["path"], table["files"]))
         try:  # counting reads every file's footer: a missing or truncated file fails here
-            rows = (
-                DeltaTable(uri, storage_options=current().for_delta())
-                .to_pyarrow_dataset()
-                .count_rows()
-            )
+            rows = count_rows(uri)
         except Exception as e:
             problems.append(f"{table['path']}: unreadable state table: {e}")
             continue
