@@ -47,6 +47,7 @@ Safety rules:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -437,4 +438,4 @@ def _data_files(table: Any, storage: Any) -> tuple[Any, list[Callable[[], Any]] 
     if any("://" in p for p in paths):  # files outside the table (a shallow clone)
         return dt, None
     fs, root = _fs.filesystem(table, options)
-    return dt, [(lambda full=_fs.join(root, unquote(p)): fs.open(full, "rb")) for p in paths]
+    return dt, [functools.partial(fs.open, _fs.join(root, unquote(p)), "rb") for p in paths]
