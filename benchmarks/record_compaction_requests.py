@@ -40,21 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", type=int, default=32)
     args = ap.parse_args(argv)
 
-    import boto3
-
     moto, (host, port) = s3_requests.start_moto()
     proxy = s3_requests.CountingProxy((host, port)).start()
     try:
         creds = s3_requests.setup_environment(
             f"http://127.0.0.1:{proxy.port}", tempfile.mkdtemp(prefix="s3compact-")
         )
-        boto3.client(
-            "s3",
-            endpoint_url=f"http://{host}:{port}",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name="us-east-1",
-        ).create_bucket(Bucket=s3_requests.BUCKET)
+        s3_requests.create_bucket(host, port)
         uri = f"s3://{s3_requests.BUCKET}/records"
         log = DeltaEventLog(uri, creds, compact_every=0)
         for seq in range(args.events):

@@ -159,6 +159,19 @@ def start_moto():
     return server, server.get_host_and_port()
 
 
+def create_bucket(host: str, port: int) -> None:
+    """The benchmark's bucket, made on moto directly (not through the counting proxy)."""
+    import boto3
+
+    boto3.client(
+        "s3",
+        endpoint_url=f"http://{host}:{port}",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket=BUCKET)
+
+
 _SITECUSTOMIZE = '''\
 """Written by benchmarks/s3_requests.py: obstore's fsspec store for s3:// (no s3fs here)."""
 import json, os
@@ -338,20 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for quiet in ("werkzeug", "py4j"):  # one line per request / per callback otherwise
         logging.getLogger(quiet).setLevel(logging.WARNING)
-    import boto3
-
     work = tempfile.mkdtemp(prefix="s3req-")
     moto, (host, port) = start_moto()
     proxy = CountingProxy((host, port)).start()
     endpoint = f"http://127.0.0.1:{proxy.port}"
     creds = setup_environment(endpoint, work)
-    boto3.client(
-        "s3",
-        endpoint_url=f"http://{host}:{port}",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).create_bucket(Bucket=BUCKET)
+    create_bucket(host, port)
     import pyspark_txn
 
     spark = pyspark_txn.local_session(
