@@ -199,7 +199,7 @@ class DeltaMergeTarget(DeltaTarget):
         parts = []
         for t in txns:
             with self.fs.open(self._abs(t.handle), "rb") as f:
-                rows = pq.read_table(f, columns=in_files)
+                rows = pq.ParquetFile(f).read(columns=in_files)  # not read_table: see read_rows
             values = t.meta.get("partition_values") or {}
             for c in self.partition_by:
                 if wanted is None or c in wanted:

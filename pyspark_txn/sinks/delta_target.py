@@ -392,7 +392,7 @@ class DeltaTarget(Target):
         import pyarrow.parquet as pq
 
         with self.fs.open(self._abs(t.handle), "rb") as f:
-            return pq.read_table(f)
+            return pq.ParquetFile(f).read()  # not read_table: see delta_tables.read_rows
 
     def discard(self, snapshot_id: int, token: str, keep: Iterable[str] = ()) -> None:
         self._remove_staged(snapshot_id, token, keep, "uncommitted")

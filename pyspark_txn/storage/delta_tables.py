@@ -47,7 +47,6 @@ Safety rules:
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -378,48 +377,74 @@ def forget_table(uri: str, storage_options: Mapping[str, str] | None = None) -> 
 
 def read_rows(table: Any, storage: Any = None) -> list[dict[str, Any]]:
     """Every row of a small table this package wrote (a backup catalog, a manifest),
-    read file by file with pyarrow's reader.
+    read file by file with pyarrow's reader on one thread, each row with every column
+    of the table's schema (None where its file predates the column).
 
-    Not ``DeltaTable.to_pyarrow_table()``: reading data through delta-rs' pyarrow
-    filesystem can leave threads that abort the interpreter as it exits ("terminate
-    called without an active exception", rc 134; 7 and 12 of 20 one-row reads in a short
-    script, deltalake 1.6.6 with pyarrow 26; delta-rs#2184), and a user's script that
-    calls our Python API and ends would die after its work was done. ``table``: a URI,
-    or a ``DeltaTable`` to read at its version; ``storage``: the StorageOptions (None:
-    the one in effect). Raises delta-rs' ``TableNotFoundError``
-    where there is no table, as ``DeltaTable`` does."""
+    Neither ``DeltaTable.to_pyarrow_table()`` nor ``pq.read_table(file)``: pyarrow's
+    threaded reads of a file object (the dataset reader both use) can leave threads
+    that abort the interpreter as it exits ("terminate called without an active
+    exception", rc 134: 7-13 of 20 one-row reads in a short script, pyarrow 26), and a
+    user's script that calls our Python API and ends would die after its work was done.
+    ``table``: a URI, or a ``DeltaTable`` to read at its version; ``storage``: the
+    StorageOptions (None: the one in effect). A file that holds another number of rows
+    than the log says is :class:`CorruptSnapshotError`. Raises delta-rs'
+    ``TableNotFoundError`` where there is no table, as ``DeltaTable`` does."""
     import pyarrow.parquet as pq
 
     dt, files = _data_files(table, storage)
     if files is None:
         return dt.to_pyarrow_table().to_pylist()
+    names = [f.name for f in dt.schema().fields]
     rows: list[dict[str, Any]] = []
-    for opened in files:
-        with opened() as f:
-            rows.extend(pq.read_table(f).to_pylist())
+    for file in files:
+        with file.open() as f:
+            got = pq.ParquetFile(f).read(use_threads=False)
+        file.check_rows(got.num_rows)
+        rows.extend({n: r.get(n) for n in names} for r in got.to_pylist())
     return rows
 
 
 def count_rows(table: Any, storage: Any = None) -> int:
     """The table's row count from every data file's footer (so a missing or truncated
-    file fails here), read as :func:`read_rows` reads."""
+    file fails here, as does a footer that disagrees with the log), read as
+    :func:`read_rows` reads."""
     import pyarrow.parquet as pq
 
     dt, files = _data_files(table, storage)
     if files is None:
         return int(dt.to_pyarrow_dataset().count_rows())
     total = 0
-    for opened in files:
-        with opened() as f:
-            total += pq.ParquetFile(f).metadata.num_rows
+    for file in files:
+        with file.open() as f:
+            n = pq.ParquetFile(f).metadata.num_rows
+        file.check_rows(n)
+        total += n
     return total
 
 
-def _data_files(table: Any, storage: Any) -> tuple[Any, list[Callable[[], Any]] | None]:
-    """The table and an opener per data file of its latest version; None for a table
-    whose files do not hold its rows as they are (partition values kept in the log,
-    deletion vectors, renamed columns: this package writes none of those), which
-    delta-rs must read."""
+class _DataFile:
+    """One data file of a table's version: where it is and how many rows its add says."""
+
+    def __init__(self, fs: Any, path: str, rows: int | None) -> None:
+        self.fs, self.path, self.rows = fs, path, rows
+
+    def open(self) -> Any:
+        return self.fs.open(self.path, "rb")
+
+    def check_rows(self, found: int) -> None:
+        if self.rows is not None and found != self.rows:
+            from ..errors import CorruptSnapshotError
+
+            raise CorruptSnapshotError(
+                f"{self.path}: {found} rows in the file, {self.rows} in the table's log "
+                "(the file was replaced or rewritten)"
+            )
+
+
+def _data_files(table: Any, storage: Any) -> tuple[Any, list[_DataFile] | None]:
+    """The table and its version's data files; None for a table whose files do not hold
+    its rows as they are (partition values kept in the log, deletion vectors, renamed
+    columns: this package writes none of those), which delta-rs must read."""
     from urllib.parse import unquote
 
     import pyarrow as pa
@@ -430,12 +455,17 @@ def _data_files(table: Any, storage: Any) -> tuple[Any, list[Callable[[], Any]] 
     options = current() if storage is None else storage
     if isinstance(table, str):
         dt = DeltaTable(table, storage_options=options.for_delta())
-    else:
-        dt, table = table, table.table_uri
+    else:  # delta-rs gives its URI percent-encoded (a space as %20), as it reads paths
+        dt, table = table, unquote(table.table_uri)
     if dt.metadata().partition_columns or dt.protocol().min_reader_version > 1:
         return dt, None
-    paths = pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()
+    adds = pa.table(dt.get_add_actions(flatten=False))
+    paths = adds.column("path").to_pylist()
     if any("://" in p for p in paths):  # files outside the table (a shallow clone)
         return dt, None
     fs, root = _fs.filesystem(table, options)
-    return dt, [functools.partial(fs.open, _fs.join(root, unquote(p)), "rb") for p in paths]
+    counts = adds.column("num_records").to_pylist()
+    return dt, [
+        _DataFile(fs, _fs.join(root, unquote(p)), None if n is None else int(n))
+        for p, n in zip(paths, counts, strict=True)
+    ]

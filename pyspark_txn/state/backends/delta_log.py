@@ -344,11 +344,12 @@ class DeltaEventLog(EventLog):
                 if remote is not None:
                     fs, root = remote
                     data = fs.cat_file(f"{root}/{f}")
-                    table = pq.read_table(pa.BufferReader(data))
+                    table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
                 elif cache.filesystem is None:  # local: pyarrow's own reader is 3x faster
-                    table = pq.ParquetFile(_fs.join(self.uri, f)).read()
+                    table = pq.ParquetFile(_fs.join(self.uri, f)).read(use_threads=False)
                 else:
-                    table = pq.read_table(f, filesystem=cache.filesystem)
+                    with cache.filesystem.open_input_file(f) as fh:
+                        table = pq.ParquetFile(fh).read(use_threads=False)
                 cache.events[f] = [Event.from_row(r) for r in table.to_pylist()]
             live = set(files)
             for f in [f for f in cache.events if f not in live]:
