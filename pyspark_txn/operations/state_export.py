@@ -513,6 +513,7 @@ def export_state(
     rows = _read_metadata(spark, checkpoint)
     if not rows:
         raise _no_state_error(checkpoint, fs_options)
+    _check_state_readable(checkpoint)
     rows = _check_batch(spark, checkpoint, batch_id, rows, wait_s, fs_options)
     stores = _stores(spark, checkpoint, batch_id, rows)
 
@@ -571,6 +572,24 @@ def export_state(
         _fs.join(root, "state"),
     )
     return tables
+
+
+#: Characters Spark's ``statestore`` reader cannot take in a checkpoint's path: it looks
+#: for the batch under the path with them percent-encoded ("No committed batch found,
+#: checkpoint location: file:///tmp/a%20b/chk"), where the query wrote: measured for a
+#: space, '{' and '"' with PySpark 4.3; the rest are the others a URI must encode.
+_UNREADABLE_STATE_PATH = frozenset(' "<>\\^`{|}')
+
+
+def _check_state_readable(checkpoint: str) -> None:
+    bad = sorted(set(checkpoint) & _UNREADABLE_STATE_PATH)
+    if bad:
+        raise ConfigError(
+            f"the state of {checkpoint} cannot be exported: Spark's statestore reader does not "
+            f"find the state of a checkpoint whose path has {' or '.join(map(repr, bad))} "
+            "(it reads the path percent-encoded). Export without it (state='skip'), or "
+            "run the query with a checkpointLocation without those characters"
+        )
 
 
 def _read_error(checkpoint: str, batch_id: int, store: _Store, exc: BaseException) -> ConfigError:

@@ -225,6 +225,19 @@ def test_stateless_query_has_no_state_to_export(spark, tmp_path):
     assert not has_state(str(tmp_path / "nowhere"))
 
 
+def test_a_checkpoint_path_spark_cannot_read_state_from_is_refused_by_name(spark, tmp_path):
+    """Spark's statestore reader looks for a checkpoint with a space in its path under
+    the path percent-encoded and finds no committed batch; the package said the state
+    "looked cleaned up" (helper trial, 2026-11-28)."""
+    chk = str(tmp_path / "a b" / "chk")
+    q = _run(_sequence(spark, total=40).dropDuplicates(["value"]), chk, str(tmp_path / "t"))
+    to = str(tmp_path / "export")
+    with pytest.raises(ConfigError, match="statestore reader does not find the state") as e:
+        export_state(spark, chk, q.lastProgress["batchId"], to)
+    assert "' '" in str(e.value) and "state='skip'" in str(e.value)
+    assert not os.path.exists(to)
+
+
 def test_state_older_than_the_retained_batches_is_refused(spark, tmp_path):
     chk = str(tmp_path / "chk")
     df = _sequence(spark, rows_per_batch=10, total=60).dropDuplicates(["value"])
