@@ -3,6 +3,7 @@ before anything is written, and the messages (issue 25's trial)."""
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -141,6 +142,22 @@ def test_restore_into_the_backup_or_the_pipeline_is_refused(sink, tmp_path):
         with pytest.raises(ConfigError, match="restore into a location of its own"):
             backups.restore(1, to, into)
     assert not os.path.exists(f"{to}/restored") and not os.path.exists(f"{sink.chk}/r")
+
+
+@pytest.mark.parametrize("char", ["#", "?", "%", "["])
+def test_a_location_delta_rs_reads_as_a_url_is_refused_before_any_id_is_used(sink, tmp_path, char):
+    """Trial 2026-11-28: backups.take never checked ``to``: a '?' in it created the
+    catalog, used up an id per try and recorded each as failed ('[' panicked in delta-rs)."""
+    bad = str(tmp_path / f"b{char}1")
+    with pytest.raises(ConfigError, match=f"option to=.*{re.escape(repr(char))} cannot be used"):
+        backups.take(None, [sink.chk], bad)
+    assert not os.path.exists(bad)
+    to = str(tmp_path / "backups")
+    backups.take(1, [sink.chk], to)
+    into = str(tmp_path / f"r{char}1")
+    with pytest.raises(ConfigError, match=f"option into=.*{re.escape(repr(char))} cannot be used"):
+        backups.restore(1, to, into)
+    assert not os.path.exists(into)
 
 
 def test_messages_deleted_id_huge_id_and_vacuumed_files(sink, tmp_path):

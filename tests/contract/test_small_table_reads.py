@@ -16,19 +16,24 @@ import sys
 from pyspark_txn.storage.delta_tables import read_rows
 
 assert read_rows(sys.argv[1]) == [{"a": 1, "b": "x"}]
+assert sorted(r["a"] for r in read_rows(sys.argv[2])) == [1, 2]  # through delta-rs
 """
 
 
 def test_a_short_script_that_reads_a_small_table_exits_cleanly(tmp_path):
-    # The script only reads, then ends: DeltaTable.to_pyarrow_table() or
-    # pq.read_table(file object) there ended in "terminate called without an active
+    # The script only reads, then ends: DeltaTable.to_pyarrow_table() (also for a
+    # partitioned table, which delta-rs reads) or pq.read_table(file object) there ended in "terminate called without an active
     # exception" (rc 134) in 3-13 of 20 runs (pyarrow 26, deltalake 1.6.6).
-    uri = str(tmp_path / "t")
+    uri, parted = str(tmp_path / "t"), str(tmp_path / "p")
     write_deltalake(uri, pa.table({"a": [1], "b": ["x"]}))
+    write_deltalake(parted, pa.table({"a": [1, 2], "p": ["x y", "z"]}), partition_by=["p"])
     failures = []
     for _ in range(16):
         done = subprocess.run(
-            [sys.executable, "-c", _READ_ONLY, uri], capture_output=True, text=True, timeout=120
+            [sys.executable, "-c", _READ_ONLY, uri, parted],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         if done.returncode != 0:
             failures.append((done.returncode, done.stderr[-500:]))
@@ -79,6 +84,7 @@ def test_a_table_given_as_an_object_reads_where_its_path_needs_quoting(tmp_path,
     write_deltalake(uri, pa.table({"a": [1, 2]}))
     assert sorted(r["a"] for r in read_rows(DeltaTable(uri))) == [1, 2]
     assert count_rows(DeltaTable(uri)) == 2
+    assert sorted(r["a"] for r in read_rows(f"file://localhost{uri}")) == [1, 2]
 
 
 def test_rows_of_files_older_than_a_column_have_it_as_none(tmp_path):

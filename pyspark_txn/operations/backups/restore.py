@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigError, CorruptSnapshotError
+from ...spark.options import check_location
 from ...storage import StorageOptions, current, takes_storage_options
 from ...storage import fs as _fs
 from ...storage.checkpoint import RESTORE_FILE, read_restore_mark
@@ -347,6 +348,7 @@ def _check_into(into: str, to: str, members: list[Member], st: BackupStatus) -> 
     a live table would mix the two. Checked before anything is written."""
     if not isinstance(into, str) or not into.strip():
         raise ConfigError("into: must name a directory")
+    check_location("into", into)
     uri = _fs.normalize_uri(into)
     places = [("the backup location", _fs.normalize_uri(to))]
     for m, ms in zip(members, st.members, strict=True):

@@ -13,6 +13,7 @@ from ...storage import StorageOptions, takes_storage_options
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+from ...spark.options import check_location
 from ...storage import fs as _fs
 from .. import snapshots
 from ..snapshots.location import _relation
@@ -107,6 +108,7 @@ def _check_to(to: str, members: Sequence[Member]) -> None:
     it): refused before the catalog is created or an id used."""
     if not isinstance(to, str) or not to.strip():
         raise ConfigError("to: must name a directory")
+    check_location("to", to)
     uri = _fs.normalize_uri(to)
     if _fs.is_local(uri) and os.path.exists(uri) and not os.path.isdir(uri):
         raise ConfigError(f"to={to!r}: is a file; backups need a directory")
