@@ -454,8 +454,8 @@ def _data_files(table: Any, storage: Any) -> tuple[Any, list[_DataFile] | None]:
 
     options = current() if storage is None else storage
     if isinstance(table, str):
-        dt = DeltaTable(table, storage_options=options.for_delta())
         table = _fs.normalize_uri(table)  # file://localhost/... is this machine's path
+        dt = DeltaTable(table, storage_options=options.for_delta())
     else:  # delta-rs gives its URI percent-encoded (a space as %20), as it reads paths
         dt, table = table, unquote(table.table_uri)
     if dt.metadata().partition_columns or dt.protocol().min_reader_version > 1:
