@@ -163,7 +163,6 @@ def _no_progress(_n: int) -> None:
 
 def _check_manifest(entry: NamedSnapshot, sink_id: str) -> list[str]:
     """Every row of ``<to>/manifest`` says what the registry entry says."""
-
     uri = _fs.join(entry.location, "manifest")
     try:
         rows = read_rows(uri)
@@ -255,7 +254,6 @@ def _check_files(uri: str, label: str, files: list[list[Any]]) -> list[str]:
 
 def _check_state_tables(entry: NamedSnapshot) -> list[str]:
     """Each exported state table still reads, with the row count recorded at export."""
-
     problems = []
     for table in entry.details.get("state_tables", []):
         uri = _fs.join(entry.location, table["path"])
