@@ -233,14 +233,14 @@ def remove_tree(fs: Any, path: str) -> None:
         if not is_not_found(e):
             raise
         files = []
-    _delete_files(fs, files)
+    delete_files(fs, files)
     if _is_local_fs(fs) and os.path.isdir(path):
         for folder, _dirs, _names in os.walk(path, topdown=False):
             with contextlib.suppress(OSError):  # not empty (written meanwhile) or gone
                 os.rmdir(folder)
 
 
-def _delete_files(fs: Any, paths: Sequence[str]) -> None:
+def delete_files(fs: Any, paths: Sequence[str]) -> None:
     """Delete ``paths`` (files), in bulk where the store has it; not found is fine."""
     construct = _object_store(fs)
     if construct is None:
