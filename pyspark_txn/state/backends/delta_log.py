@@ -103,8 +103,11 @@ _CACHES_LOCK = threading.Lock()
 LOG_RETENTION_LOCAL = "interval 1 minutes"
 LOG_RETENTION_REMOTE = "interval 1 days"
 
-#: Every this many compactions the compacted files go by a real vacuum, which also
-#: deletes files no commit lists (a failed append's); between, they are deleted directly.
+#: Every this many compactions the compacted files go by delta-rs' vacuum, which also
+#: deletes what an earlier compaction removed but did not get to delete (a crash or a
+#: failed delete in between; while its tombstone is kept: delta.deletedFileRetentionDuration);
+#: between, they are deleted directly. Neither deletes files no commit ever listed (the
+#: data file of an append that failed after writing it): vacuum's "lite" mode, as before.
 VACUUM_EVERY = 8
 
 
@@ -332,7 +335,6 @@ class DeltaEventLog(EventLog):
             # with one commit per event keeps one file per event forever. A reader
             # still listing the old files retries on the new ones (_all_events).
             if compacted is None or (version // self.compact_every) % VACUUM_EVERY == 0:
-                # also the files no commit lists (appends that failed after their write)
                 dt.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
             else:
                 _fs.delete_files(*compacted)
