@@ -374,3 +374,23 @@ def test_a_remote_record_table_deletes_what_its_compaction_removed(s3):
     assert data == {u.rsplit("/", 1)[1] for u in table.file_uris()}
     assert len(data) < 10  # compacted, and the compacted files deleted
     assert [e.seq for e in DeltaEventLog(uri, s3.options).read("s")] == list(range(10))
+
+
+def test_summarized_events_deleted_take_their_old_files_with_them(tmp_path):
+    """Truncating a stream rewrites the files that held its old events; those are
+    deleted at once, not left to a vacuum that comes every 8th compaction only."""
+    from support import allocated_event
+
+    from pyspark_txn.state import DeltaEventLog
+
+    uri = tmp_path / "records"
+    log = DeltaEventLog(str(uri), compact_every=4)
+    for seq in range(6):
+        log.append(allocated_event(seq))
+    log.append(allocated_event(0, stream="other"))
+    log.truncate("s", 5)
+    assert "DELETE" in _operations(str(uri))
+    on_disk = sorted(p.name for p in uri.glob("*.parquet"))
+    assert on_disk == sorted(u.rsplit("/", 1)[1] for u in DeltaTable(str(uri)).file_uris())
+    assert [e.seq for e in DeltaEventLog(str(uri)).read("s")] == [5]
+    assert [e.seq for e in DeltaEventLog(str(uri)).read("other")] == [0]
