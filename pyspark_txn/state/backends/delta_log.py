@@ -105,9 +105,10 @@ LOG_RETENTION_REMOTE = "interval 1 days"
 
 #: Every this many compactions the compacted files go by delta-rs' vacuum, which also
 #: deletes what an earlier compaction removed but did not get to delete (a crash or a
-#: failed delete in between; while its tombstone is kept: delta.deletedFileRetentionDuration);
-#: between, they are deleted directly. Neither deletes files no commit ever listed (the
-#: data file of an append that failed after writing it): vacuum's "lite" mode, as before.
+#: failed delete in between), while its tombstone is kept
+#: (``delta.deletedFileRetentionDuration``); between, they are deleted directly.
+#: Neither deletes files no commit ever listed (the data file of an append that failed
+#: after writing it): vacuum's "lite" mode, as before.
 VACUUM_EVERY = 8
 
 
@@ -279,9 +280,10 @@ class DeltaEventLog(EventLog):
 
     def _removed_by(self, before: int, after: int, operation: str) -> tuple[Any, list[str]] | None:
         """The filesystem and the files that the ``operation`` (``OPTIMIZE``, ``DELETE``)
-        commits after ``before`` up to ``after`` removed (one GET a commit): deleting those is what a vacuum would delete of them, without its
-        reading the log again and its two commits (47 requests on S3, measured). None
-        where a commit cannot be read this way: a vacuum takes them later."""
+        commits after ``before`` up to ``after`` removed (one GET a commit): deleting
+        those is what a vacuum would delete of them, without its reading the log again
+        and its two commits (47 requests on S3, measured). None where a commit cannot
+        be read this way: a vacuum takes them later."""
         from urllib.parse import unquote
 
         if _fs.is_local(self.uri):
@@ -362,8 +364,8 @@ class DeltaEventLog(EventLog):
             return
         # The files the delete rewrote, deleted now: the vacuum comes only every
         # VACUUM_EVERY compactions, after their tombstones may have expired.
-        rewritten = self._removed_by(before, dt.version(), "DELETE")
         try:
+            rewritten = self._removed_by(before, dt.version(), "DELETE")
             if rewritten is not None:
                 _fs.delete_files(*rewritten)
         except Exception as e:  # an optimisation only: the next vacuum may take them
