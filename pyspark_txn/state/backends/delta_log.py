@@ -34,7 +34,7 @@ from ...storage.delta_tables import (
     forget_table,
     note_own_commit,
     open_table,
-    read_commit_actions,
+    read_commit,
 )
 from ...storage.options import object_store_fs
 from ..events import Event, arrow_schema, events_to_arrow
@@ -297,8 +297,10 @@ class DeltaEventLog(EventLog):
             fs, root = found
         removed: list[str] = []
         for v in range(before + 1, after + 1):
-            actions = read_commit_actions(self.uri, v, self.storage_options)
-            if actions is None:
+            try:  # through the filesystem above (read_commit_actions would make a client a commit)
+                actions = read_commit(fs, root, v)
+            except Exception:  # gone, unreachable, not JSON
+                log.debug("reading commit %d of %s failed", v, self.uri, exc_info=True)
                 return None
             info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
             if info.get("operation") != operation:
