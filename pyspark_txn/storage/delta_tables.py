@@ -117,7 +117,7 @@ def _tag(e_tag: Any, last_modified: Any) -> int:
     return hash(str(e_tag or last_modified))
 
 
-def _commit_file_marker(
+def commit_file_marker(
     uri: str, version: int, options: Mapping[str, str] | None = None
 ) -> Marker | None:
     """(version, size, mtime) of the commit file of ``version``; None if there is none."""
@@ -156,6 +156,24 @@ def _commit_file_marker(
     if info.type != pa_fs.FileType.File or info.size is None:
         return None
     return (version, int(info.size), int(info.mtime_ns or 0))
+
+
+def commit_markers_from(
+    uri: str, version: int, options: Mapping[str, str] | None = None
+) -> dict[int, Marker]:
+    """Markers of the commit files from ``version`` on: one LIST on S3 and GCS; else
+    ``version``, ``version + 1``, ... until one is missing (a ``stat`` each on local
+    disk, a HEAD each on other stores). Commits are numbered without gaps and cleaned
+    up oldest first, so the first missing file ends the log."""
+    listed = _listed_commits(uri, version, options)
+    if listed is not None:
+        return listed
+    markers: dict[int, Marker] = {}
+    v = version
+    while (found := commit_file_marker(uri, v, options)) is not None:
+        markers[v] = found
+        v += 1
+    return markers
 
 
 def _has_commit(uri: str, version: int) -> bool:
@@ -244,7 +262,7 @@ def open_table(
             and (
                 listed.get(marker[0])
                 if listed is not None
-                else _commit_file_marker(uri, marker[0], options)
+                else commit_file_marker(uri, marker[0], options)
             )
             == marker
         ):
@@ -279,7 +297,7 @@ def open_table(
     # a version it holds needs no second request for its marker.
     marker_now = listed.get(dt.version()) if listed else None
     if marker_now is None:
-        marker_now = _commit_file_marker(uri, dt.version(), options)
+        marker_now = commit_file_marker(uri, dt.version(), options)
     cache[key] = (dt, marker_now, time.monotonic(), base)
     return dt
 
@@ -365,7 +383,7 @@ def note_own_commit(uri: str, storage_options: Mapping[str, str] | None, dt: Any
     entry = cache.get(key)
     if entry is None or entry[0] is not dt:
         return
-    marker = _commit_file_marker(uri, dt.version(), options)
+    marker = commit_file_marker(uri, dt.version(), options)
     cache[key] = (dt, marker, entry[2], entry[3])
 
 

@@ -24,21 +24,32 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import ConfigError
 from ...storage import fs as _fs
 from ...storage.delta_tables import (
+    commit_file_marker,
+    commit_markers_from,
     forget_table,
     note_own_commit,
     open_table,
     read_commit,
 )
-from ...storage.options import object_store_fs
+from ...storage.options import canonical_settings, object_store_fs
 from ..events import Event, arrow_schema, events_to_arrow
 from ..store import AppendRejected, EventLog
+from .record_commits import (
+    LogView,
+    apply_actions,
+    commit_bytes,
+    data_file_name,
+    now_ms,
+    protocol_writable,
+    rewrite_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +70,8 @@ class _TableCache:
     # the data files of the last table object and version listed (listing them costs
     # ms: an append and the next read share one listing)
     listed: tuple[Any, int, list[str]] | None = None
+    # the table as this process last checked it, where it reads and appends itself
+    view: LogView | None = None
 
     def files(self, dt) -> list[str]:
         """The paths of ``dt``'s data files (relative, as the log has them)."""
@@ -111,6 +124,16 @@ LOG_RETENTION_REMOTE = "interval 1 days"
 #: after writing it): vacuum's "lite" mode, as before.
 VACUUM_EVERY = 8
 
+#: Storage options under which delta-rs commits otherwise than by a conditional PUT (a
+#: DynamoDB lock, an unsafe rename): commits written here would not take part in it.
+_DELTA_RS_COMMITS = frozenset(
+    {"aws_s3_locking_provider", "delta_dynamo_table_name", "aws_s3_allow_unsafe_rename"}
+)
+
+#: How many times an append written here reads the commits that took its version and
+#: tries the next one before it gives up (AppendRejected: the caller re-reads).
+OWN_APPEND_TRIES = 8
+
 
 class InvisibleCommit(Exception):
     """A commit landed at or below the table's last checkpoint: readers that start there
@@ -123,6 +146,62 @@ def _last_checkpoint_version(uri: str) -> int | None:
             return int(json.load(f)["version"])
     except (OSError, ValueError, KeyError):
         return None
+
+
+def _write_data_file(fs: Any, path: str, data: bytes, *, local: bool) -> None:
+    """An event's data file, durable before the commit that names it (local: fsynced;
+    object stores: one PUT). Its name is new (a UUID): nothing else writes there."""
+    if local:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return
+    fs.pipe_file(path, data)
+
+
+def _commit_path(root: str, version: int) -> str:
+    return _fs.join(root, "_delta_log", f"{version:020d}.json")
+
+
+def _unique(events: list[Event]) -> list[Event]:
+    """``events`` without repeats of one event (by id), in order. A table compacted by
+    two processes at once through delta-rs 1.6.6's ``optimize`` holds some events
+    twice (both new files held them; see record_commits.rewrite_bytes)."""
+    seen: set[str] = set()
+    out = []
+    for e in events:
+        if e.event_id not in seen:
+            seen.add(e.event_id)
+            out.append(e)
+    return out
+
+
+def _compaction(
+    files: Sequence[str], events: Mapping[str, list[Event]]
+) -> tuple[list[str], list[Event]]:
+    """Every file into one, each event once, ordered by stream and seq."""
+    if len(files) < 2:
+        return [], []
+    kept = _unique([e for f in files for e in events[f]])
+    return list(files), sorted(kept, key=lambda e: (e.stream, e.seq))
+
+
+def _summarized(stream: str, below_seq: int):
+    """The files holding events of ``stream`` below ``below_seq`` (a summary restates
+    them), rewritten without those."""
+
+    def select(
+        files: Sequence[str], events: Mapping[str, list[Event]]
+    ) -> tuple[list[str], list[Event]]:
+        def dropped(e: Event) -> bool:
+            return e.stream == stream and e.seq < below_seq
+
+        hit = [f for f in files if any(dropped(e) for e in events[f])]
+        kept = _unique([e for f in hit for e in events[f] if not dropped(e)])
+        return hit, sorted(kept, key=lambda e: (e.stream, e.seq))
+
+    return select
 
 
 def _NO_HOOKS():  # noqa: N802 - reads as a constant
@@ -218,6 +297,243 @@ class DeltaEventLog(EventLog):
         return max(0, self.compact_every)
 
     def append(self, event: Event) -> None:
+        io = self._own_io()
+        if io is None or not self._append_own(event, io):
+            self._append_through_delta_rs(event)
+
+    def _own_io(self) -> tuple[Any, str] | None:
+        """The filesystem and root through which this process appends and catches up
+        itself (record_commits), or None where delta-rs does: a store obstore lacks,
+        keys only delta-rs knows (a DynamoDB lock, unsafe renames), conditional PUTs
+        configured other than by ETag."""
+        if _fs.is_local(self.uri):
+            import fsspec
+
+            return fsspec.filesystem("file"), self.uri
+        given = {k.lower(): str(v) for k, v in (self.storage_options or {}).items()}
+        if _DELTA_RS_COMMITS.intersection(given):
+            return None  # delta-rs commits through a lock or a rename: so must we
+        conditional = canonical_settings(self.storage_options).get("aws_conditional_put")
+        if conditional is not None and conditional.strip().lower() != "etag":
+            return None
+        return object_store_fs(self.uri, self.storage_options)
+
+    def _view(self, cache: _TableCache, io: tuple[Any, str]) -> LogView | None:
+        """The table at its latest version (None: no table), caught up from the view this
+        process holds, else opened afresh through delta-rs. Holds ``cache.lock``."""
+        view = cache.view
+        if view is not None:
+            caught = self._caught_up(view, io)
+            if caught is not None:
+                cache.view = caught
+                return caught
+            log.debug(
+                "record table %s: opened afresh (log moved past version %d in a way "
+                "a catch-up does not follow)",
+                self.uri,
+                view.version,
+            )
+        cache.view = None
+        dt = self._open()
+        if dt is None:
+            return None
+        protocol = dt.protocol()
+        writable = protocol_writable(
+            protocol.min_reader_version,
+            protocol.min_writer_version,
+            [*(protocol.reader_features or ()), *(protocol.writer_features or ())],
+            dt.metadata().partition_columns,
+        )
+        marker = commit_file_marker(self.uri, dt.version(), self.storage_options)
+        view = LogView(
+            dt.version(), marker, tuple(cache.files(dt)), writable and marker is not None
+        )
+        if marker is not None:  # else nothing to check the next catch-up against: open again
+            cache.view = view
+        return view
+
+    def _caught_up(self, view: LogView, io: tuple[Any, str]) -> LogView | None:
+        """``view`` moved over the commits since, or None where that cannot be done: the
+        commit file at its version is not the one seen (the table deleted and created
+        again, or that file cleaned up), a gap, or a commit this view cannot follow."""
+        markers = commit_markers_from(self.uri, view.version, self.storage_options)
+        if markers.get(view.version) != view.marker:
+            return None
+        newer = sorted(v for v in markers if v > view.version)
+        if not newer:
+            return view
+        if newer != list(range(view.version + 1, newer[-1] + 1)):
+            return None
+        files = dict.fromkeys(view.files)
+        fs, root = io
+        for v in newer:
+            try:
+                actions = read_commit(fs, root, v)
+            except FileNotFoundError:  # cleaned up under us
+                return None
+            if not apply_actions(files, actions):
+                return None
+        return LogView(newer[-1], markers[newer[-1]], tuple(files), view.writable)
+
+    def _append_own(self, event: Event, io: tuple[Any, str]) -> bool:
+        """Append ``event`` with a commit written here (record_commits); False where the
+        table must be appended to through delta-rs (its protocol)."""
+        fs, root = io
+        cache = self._cache()
+        name = data_file_name()
+        data: bytes | None = None
+        landed: int | None = None  # the version of our commit, where we know it
+        for _ in range(OWN_APPEND_TRIES):
+            with cache.lock:
+                view = self._view(cache, io)
+                if view is not None and not view.writable:
+                    return False
+                if view is None:
+                    created = False
+                else:
+                    created = True
+                    if name in view.files:
+                        break  # our commit landed, though its answer was lost: somewhere up to here
+                    try:
+                        self._load_events(cache, view.files, io)
+                    except FileNotFoundError:  # compacted and deleted since: catch up again
+                        continue
+                    seqs = [
+                        e.seq
+                        for f in view.files
+                        for e in cache.events[f]
+                        if e.stream == event.stream
+                    ]
+                    if seqs:
+                        expected = max(seqs) + 1
+                    else:  # no events (a new stream): its app transaction, if any, decides
+                        dt = self._open()
+                        current = None if dt is None else dt.transaction_version(event.stream)
+                        expected = 0 if current is None else current + 1
+                    if event.seq != expected:
+                        raise AppendRejected(
+                            f"{event.stream}#{event.seq} cannot land: the next free seq is {expected}"
+                        )
+                    if data is None:
+                        data = self._write_events_file(io, name, [event])
+                    version = view.version + 1
+                    commit = commit_bytes([event], name, len(data), now_ms=now_ms())
+                    if _fs.write_new(fs, _commit_path(root, version), commit):
+                        landed = version
+                        marker = commit_file_marker(self.uri, version, self.storage_options)
+                        cache.events[name] = [event]
+                        cache.view = (
+                            None
+                            if marker is None
+                            else LogView(version, marker, (*view.files, name), True)
+                        )
+                        break
+            if not created:
+                self.create_if_missing()
+            # another commit took the version: read it, then try again
+        else:
+            raise AppendRejected(
+                f"{event.stream}#{event.seq}: {OWN_APPEND_TRIES} other commits of the record "
+                "table landed first"
+            )
+        if landed is not None:
+            self._check_visible(event, landed)
+        self._maintain(landed if landed is not None else view.version)
+        return True
+
+    def _write_events_file(self, io: tuple[Any, str], name: str, events: list[Event]) -> bytes:
+        """Write ``events`` as the new data file ``name``; its bytes (their size goes
+        into the commit)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        sink = pa.BufferOutputStream()
+        pq.write_table(events_to_arrow(events), sink, compression="snappy")
+        data: bytes = sink.getvalue().to_pybytes()
+        fs, root = io
+        _write_data_file(fs, _fs.join(root, name), data, local=_fs.is_local(self.uri))
+        return data
+
+    def _rewrite(
+        self,
+        io: tuple[Any, str],
+        operation: str,
+        select: Callable[[Sequence[str], Mapping[str, list[Event]]], tuple[list[str], list[Event]]],
+    ) -> tuple[str, list[str]]:
+        """Replace the files ``select`` picks with one file of the events it keeps, the
+        commit written put-if-absent on the version just read (record_commits.
+        rewrite_bytes). ``("done", removed paths)``, ``("lost", [])`` where another
+        commit came first or there was nothing to do, ``("delta-rs", [])`` where the
+        table's protocol is not one written here."""
+        fs, root = io
+        cache = self._cache()
+        with cache.lock:
+            view = self._view(cache, io)
+            if view is None:
+                return "lost", []
+            if not view.writable:
+                return "delta-rs", []
+            try:
+                self._load_events(cache, view.files, io)
+            except FileNotFoundError:  # compacted and deleted meanwhile: the next one
+                return "lost", []
+            removed, kept = select(view.files, cache.events)
+            if not removed:
+                return "lost", []
+            added = None
+            if kept:
+                name = data_file_name()
+                data = self._write_events_file(io, name, kept)
+                added = (name, len(data), kept)
+            commit = rewrite_bytes(
+                operation,
+                removed,
+                added,
+                now_ms=now_ms(),
+                data_change=operation != "OPTIMIZE",
+            )
+            # Commits that only added files since (appends) leave this rewrite as valid
+            # on the version after theirs: tried there. One that removed any of these
+            # files (another rewrite) wins, and this one is dropped.
+            for _ in range(OWN_APPEND_TRIES):
+                version = view.version + 1
+                if _fs.write_new(fs, _commit_path(root, version), commit):
+                    break
+                after = self._view(cache, io)
+                if after is not None and added is not None and added[0] in after.files:
+                    return "lost", []  # ours landed, its answer lost: the next vacuum deletes
+                if after is None or not after.writable or not set(removed) <= set(after.files):
+                    if added is not None and after is not None:
+                        _fs.delete_files(fs, [_fs.join(root, added[0])])  # never listed: ours
+                    return "lost", []
+                view = after
+            else:
+                return "lost", []
+            gone = set(removed)
+            files = [f for f in view.files if f not in gone]
+            if added is not None:
+                files.append(added[0])
+                cache.events[added[0]] = list(kept)
+            marker = commit_file_marker(self.uri, version, self.storage_options)
+            cache.view = None if marker is None else LogView(version, marker, tuple(files), True)
+        log.debug("record table %s: %s at version %d", self.uri, operation, version)
+        return "done", [_fs.join(root, f) for f in removed]
+
+    def _check_visible(self, event: Event, version: int) -> None:
+        """A commit at or below the last checkpoint may never be seen by readers that
+        start there (short log retention, local disk only): its outcome is unknown."""
+        if not _fs.is_local(self.uri):
+            return
+        checkpoint = _last_checkpoint_version(self.uri)
+        if checkpoint is not None and checkpoint >= version:
+            forget_table(self.uri, self.storage_options)
+            self._cache().view = None
+            raise InvisibleCommit(
+                f"{event.stream}#{event.seq} committed as version {version}, not above "
+                f"the last checkpoint {checkpoint}"
+            )
+
+    def _append_through_delta_rs(self, event: Event) -> None:
         from deltalake import write_deltalake
         from deltalake.exceptions import CommitFailedError
         from deltalake.transaction import CommitProperties, Transaction
@@ -254,15 +570,8 @@ class DeltaEventLog(EventLog):
         self._remember_own(dt, before, rows)
         if dt.version() == before + 1:  # ours alone: later checks compare against it
             note_own_commit(self.uri, self.storage_options, dt)
-        if _fs.is_local(self.uri):
-            checkpoint = _last_checkpoint_version(self.uri)
-            if checkpoint is not None and checkpoint >= dt.version():
-                forget_table(self.uri, self.storage_options)
-                raise InvisibleCommit(
-                    f"{event.stream}#{event.seq} committed as version {dt.version()}, not above "
-                    f"the last checkpoint {checkpoint}"
-                )
-        self._maintain(dt)
+        self._check_visible(event, dt.version())
+        self._maintain(dt.version())
 
     def _remember_own(self, dt, before: int, rows) -> None:
         """Cache the events of the file this append just wrote, so this process does not
@@ -310,29 +619,35 @@ class DeltaEventLog(EventLog):
             )
         return fs, removed
 
-    def _maintain(self, dt) -> None:
-        version = dt.version()
-        if self.compact_every <= 0:
+    def _maintain(self, version: int) -> None:
+        """Upkeep due after our commit at ``version``: compaction (written here where the
+        table is, else delta-rs's ``optimize``), then delta-rs's checkpoint and log
+        clean-up, then the compacted files deleted."""
+        if self.compact_every <= 0 or version % self.compact_every:
             return
-        if version % self.compact_every:
-            if version % self._checkpoint_every() == 0:
-                try:
-                    dt.create_checkpoint()
-                    forget_table(self.uri, self.storage_options)  # reopen from it
-                except Exception as e:  # an optimisation only, as below
-                    log.warning(
-                        "record table %s: checkpoint at version %d failed: %r", self.uri, version, e
-                    )
-            return
+        io = self._own_io()
         try:
+            status, removed = (
+                ("delta-rs", []) if io is None else self._rewrite(io, "OPTIMIZE", _compaction)
+            )
+            if status == "lost":
+                return  # another commit came first: the next compaction takes these
+            dt = self._open()
+            if dt is None:
+                return
             wanted = self._properties()
             config = dt.metadata().configuration or {}
             if any(config.get(k) != v for k, v in wanted.items()):
                 # a table created by an older version: bring its retention up to date
                 dt.alter.set_table_properties(wanted, raise_if_not_exists=False)
-            before = dt.version()
-            dt.optimize.compact(post_commithook_properties=_NO_HOOKS())
-            compacted = self._removed_by(before, dt.version(), "OPTIMIZE")
+            compacted: tuple[Any, list[str]] | None
+            if status == "done":
+                assert io is not None
+                compacted = (io[0], removed)
+            else:
+                before = dt.version()
+                dt.optimize.compact(post_commithook_properties=_NO_HOOKS())
+                compacted = self._removed_by(before, dt.version(), "OPTIMIZE")
             dt.create_checkpoint()
             dt.cleanup_metadata()
             # Compaction only un-lists the small files; without deleting them a table
@@ -349,6 +664,21 @@ class DeltaEventLog(EventLog):
             )
 
     def truncate(self, stream: str, below_seq: int) -> None:
+        io = self._own_io()
+        if io is not None:
+            status, removed = self._rewrite(io, "DELETE", _summarized(stream, int(below_seq)))
+            if status == "done":
+                # deleted now: the vacuum comes only every VACUUM_EVERY compactions, after
+                # their tombstones may have expired
+                try:
+                    _fs.delete_files(io[0], removed)
+                except Exception as e:  # an optimisation only: the next vacuum may take them
+                    log.warning("record table %s: deleting rewritten files failed: %r", self.uri, e)
+            if status != "delta-rs":
+                return  # done, or lost a race with another commit: the next summary retries
+        self._truncate_through_delta_rs(stream, below_seq)
+
+    def _truncate_through_delta_rs(self, stream: str, below_seq: int) -> None:
         from deltalake.exceptions import CommitFailedError
 
         dt = self._open()
@@ -383,38 +713,57 @@ class DeltaEventLog(EventLog):
         raise AssertionError("unreachable")
 
     def _read_all_events(self) -> list[Event]:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        dt = self._open()
-        if dt is None:
-            return []
         cache = self._cache()
+        io = self._own_io()
         with cache.lock:
-            files = cache.files(dt)
-            new = [f for f in files if f not in cache.events]
-            remote = None
-            if new and not _fs.is_local(self.uri):
-                # one GET per file through obstore (delta-rs' pyarrow filesystem costs a
-                # LIST, three HEADs and two GETs); else delta-rs' store: any URI it supports
-                remote = object_store_fs(self.uri, self.storage_options)
-                if remote is None and cache.filesystem is None:
-                    cache.filesystem = dt.to_pyarrow_dataset().filesystem
-            for f in new:
-                if remote is not None:
-                    fs, root = remote
-                    data = fs.cat_file(f"{root}/{f}")
-                    table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
-                elif cache.filesystem is None:  # local: pyarrow's own reader is 3x faster
-                    table = pq.ParquetFile(_fs.join(self.uri, f)).read(use_threads=False)
-                else:
-                    with cache.filesystem.open_input_file(f) as fh:
-                        table = pq.ParquetFile(fh).read(use_threads=False)
-                cache.events[f] = [Event.from_row(r) for r in table.to_pylist()]
+            if io is not None:
+                view = self._view(cache, io)
+                if view is None:
+                    return []
+                files: Sequence[str] = view.files
+            else:
+                dt = self._open()
+                if dt is None:
+                    return []
+                files = cache.files(dt)
+                if any(f not in cache.events for f in files):
+                    # one GET per file through obstore (delta-rs' pyarrow filesystem costs
+                    # a LIST, three HEADs and two GETs); else delta-rs' store: any URI
+                    io = (
+                        None
+                        if _fs.is_local(self.uri)
+                        else object_store_fs(self.uri, self.storage_options)
+                    )
+                    if io is None and not _fs.is_local(self.uri) and cache.filesystem is None:
+                        cache.filesystem = dt.to_pyarrow_dataset().filesystem
+            self._load_events(cache, files, io)
             live = set(files)
             for f in [f for f in cache.events if f not in live]:
                 del cache.events[f]  # compacted away: its events live on in the new file
-            return [e for f in files for e in cache.events[f]]
+            return _unique([e for f in files for e in cache.events[f]])
+
+    def _load_events(
+        self, cache: _TableCache, files: Sequence[str], io: tuple[Any, str] | None
+    ) -> None:
+        """Read the events of the ``files`` this process has not read yet (data files
+        are immutable and UUID-named: what is cached never goes stale). Holds
+        ``cache.lock``; ``FileNotFoundError`` where one was compacted away meanwhile."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for f in files:
+            if f in cache.events:
+                continue
+            if _fs.is_local(self.uri):  # pyarrow's own reader: 3x faster than fsspec's
+                table = pq.ParquetFile(_fs.join(self.uri, f)).read(use_threads=False)
+            elif io is not None:
+                fs, root = io
+                data = fs.cat_file(_fs.join(root, f))
+                table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
+            else:
+                with cache.filesystem.open_input_file(f) as fh:
+                    table = pq.ParquetFile(fh).read(use_threads=False)
+            cache.events[f] = [Event.from_row(r) for r in table.to_pylist()]
 
     def read(self, stream: str) -> list[Event]:
         events = [e for e in self._all_events() if e.stream == stream]
