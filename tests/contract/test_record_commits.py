@@ -223,3 +223,35 @@ def test_a_commit_at_or_below_the_last_checkpoint_is_unknown(tmp_path, checkpoin
         json.dump({"version": 5, "size": 1}, f)
     with pytest.raises(delta_log.InvisibleCommit):
         log.append(ev(1))
+
+
+def test_a_rewrite_that_lands_at_or_below_the_last_checkpoint_deletes_no_file(tmp_path):
+    """A rewrite (here deleting summarized events) whose commit readers starting at the
+    checkpoint would never see: the files it removes stay, since those readers still
+    list them."""
+    uri = str(tmp_path / "records")
+    log = DeltaEventLog(uri, compact_every=0)
+    for seq in range(3):
+        log.append(ev(seq))
+    data = sorted(f for f in os.listdir(uri) if f.endswith(".parquet"))
+    with open(os.path.join(uri, "_delta_log", "_last_checkpoint"), "w") as f:
+        json.dump({"version": 10, "size": 1}, f)
+    log.truncate("s", 2)
+    assert os.path.exists(os.path.join(uri, "_delta_log", f"{4:020d}.json"))  # it landed
+    assert all(os.path.exists(os.path.join(uri, f)) for f in data)
+
+
+def test_deleting_summarized_events_rewrites_only_the_files_holding_them(tmp_path):
+    uri = str(tmp_path / "records")
+    log = DeltaEventLog(uri, compact_every=0)
+    for seq in range(4):
+        log.append(ev(seq))
+    log.append(ev(0, stream="other"))
+    before = set(f for f in os.listdir(uri) if f.endswith(".parquet"))
+    log.truncate("s", 2)
+    after = set(f for f in os.listdir(uri) if f.endswith(".parquet"))
+    assert len(before - after) == 2 and after - before == set()  # two files held only those
+    assert [e.seq for e in DeltaEventLog(uri).read("s")] == [2, 3]
+    assert [e.seq for e in DeltaEventLog(uri).read("other")] == [0]
+    ops = [h["operation"] for h in DeltaTable(uri).history(1)]
+    assert ops == ["DELETE"]

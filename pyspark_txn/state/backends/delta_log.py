@@ -160,6 +160,16 @@ def _write_data_file(fs: Any, path: str, data: bytes, *, local: bool) -> None:
     fs.pipe_file(path, data)
 
 
+def _above_checkpoint(io: tuple[Any, str], version: int) -> bool:
+    """Whether commit ``version`` is above the table's last checkpoint (one GET)."""
+    fs, root = io
+    try:
+        last = json.loads(_fs.read_bytes(fs, _fs.join(root, "_delta_log", "_last_checkpoint")))
+    except FileNotFoundError:
+        return True
+    return int(last["version"]) < version
+
+
 def _commit_path(root: str, version: int) -> str:
     return _fs.join(root, "_delta_log", f"{version:020d}.json")
 
@@ -508,6 +518,18 @@ class DeltaEventLog(EventLog):
                     return "lost", []
                 view = after
             else:
+                return "lost", []
+            if not _above_checkpoint(io, version):
+                # written again after the log was cleaned up there: readers that start at
+                # the checkpoint never see it, and would miss the files it removes
+                log.warning(
+                    "record table %s: %s landed as version %d, not above the last checkpoint;"
+                    " its files are kept",
+                    self.uri,
+                    operation,
+                    version,
+                )
+                cache.view = None
                 return "lost", []
             gone = set(removed)
             files = [f for f in view.files if f not in gone]
