@@ -1,21 +1,24 @@
-"""The record table as a Delta table, written and read with delta-rs.
+"""The record table as a Delta table.
 
-Conditional append: each event is one Delta commit carrying the app
-transaction ``txn(appId=stream, version=seq)``. The check ``txn version >= seq``
-is made on the same ``DeltaTable`` snapshot the commit is built on, so a racing
-writer with the same stream loses with ``CommitFailedError`` (measured on
-deltalake 1.6.6; a path string instead of the object would reload and lose the
-check). The txn version comes from the events of that snapshot when they were
-just read (:meth:`_TableCache.last_seq`), else from delta-rs. Small appends are
-compacted, checkpointed, vacuumed and their log entries cleaned up every
-``compact_every`` versions, and summarized history is
-deleted (:meth:`truncate`), so reads, commits and the folder stay small over
-any number of batches.
+Conditional append: each event is one Delta commit carrying the app transaction
+``txn(appId=stream, version=seq)``. Where the table is one this package writes
+itself (record_commits: reader 1, writer 2, no features or partitions, a store
+with conditional PUTs), the commit is written here, put-if-absent on the version
+after the one just checked, and the seq checked against the events of that
+version: any commit in between makes it fail, and the appender reads it and
+tries again only if its seq is still free. Compaction and deletes of summarized
+events are rewrites committed the same way. Elsewhere delta-rs appends
+(``write_deltalake`` on the ``DeltaTable`` snapshot the check was made on: a
+racing writer of the same stream loses with ``CommitFailedError``), compacts
+(``optimize``) and deletes. delta-rs always creates, checkpoints, cleans up and
+vacuums the table, every ``compact_every`` versions, so reads, commits and the
+folder stay small over any number of batches.
 
 Measured (deltalake 1.6.6, local disk): with delta-rs's post-commit hooks on
 and a day of log retention, one append cost 9 ms on a fresh table and 58 ms
 after 500 versions (the log folder is listed and replayed at every commit);
-with the hooks off and maintenance here, ~9 ms flat.
+with the hooks off and maintenance here, ~9 ms flat; written here, the record
+append of a batch ~3.3 ms (benchmarks/protocol_batches.py --profile).
 """
 
 from __future__ import annotations
