@@ -176,6 +176,15 @@ def commit_markers_from(
     return markers
 
 
+def put_marker(uri: str, version: int, size: int, e_tag: str | None) -> Marker | None:
+    """The marker a LIST will show for the commit file just PUT with this ETag, where
+    it can be known without asking (S3: the PUT's ETag is the one its LIST gives);
+    None elsewhere (ask with :func:`commit_file_marker`)."""
+    if not e_tag or uri.split("://", 1)[0].lower() not in ("s3", "s3a"):
+        return None
+    return (version, size, _tag(e_tag, None))
+
+
 def _has_commit(uri: str, version: int) -> bool:
     return os.path.exists(os.path.join(uri, "_delta_log", f"{version:020d}.json"))
 

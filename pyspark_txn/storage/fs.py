@@ -276,8 +276,15 @@ def delete_files(fs: Any, paths: Sequence[str]) -> None:
 
 
 def write_new(fs: Any, path: str, data: bytes) -> bool:
-    """Create ``path`` holding ``data`` only if nothing is there: True when this call
-    created it, False when something already was (its content is left as it is).
+    """Create ``path`` holding ``data`` only if nothing is there (:func:`create_new`):
+    True when this call created it."""
+    return create_new(fs, path, data)[0]
+
+
+def create_new(fs: Any, path: str, data: bytes) -> tuple[bool, str | None]:
+    """Create ``path`` holding ``data`` only if nothing is there: (True, the store's
+    ETag of it where the store gave one) when this call created it, (False, None) when
+    something already was (its content is left as it is).
 
     Exclusive on a local disk (a hard link of a complete temporary file, so no reader
     ever sees it half written; ``O_EXCL`` where hard links are refused) and on obstore's
@@ -293,16 +300,16 @@ def write_new(fs: Any, path: str, data: bytes) -> bool:
 
         bucket, key = fs._split_path(path)
         try:
-            obstore.put(construct(bucket), key, data, mode="create")
+            result = obstore.put(construct(bucket), key, data, mode="create")
         except AlreadyExistsError:
-            return False
-        return True
+            return False, None
+        return True, result.get("e_tag")
     if _is_local_fs(fs):
-        return _write_new_local(path, data)
+        return _write_new_local(path, data), None
     if fs.exists(path):
-        return False
+        return False, None
     fs.pipe_file(path, data)
-    return read_bytes(fs, path) == data
+    return read_bytes(fs, path) == data, None
 
 
 def _write_new_local(path: str, data: bytes) -> bool:

@@ -147,17 +147,17 @@ def test_a_commit_whose_answer_was_lost_counts_as_landed(tmp_path, monkeypatch):
     uri = str(tmp_path / "records")
     log = DeltaEventLog(uri, compact_every=0)
     log.append(ev(0))
-    real = _fs.write_new
+    real = _fs.create_new
     lost = []
 
-    def write_then_lose_the_answer(fs, path, data):
+    def create_then_lose_the_answer(fs, path, data):
         created = real(fs, path, data)
         if path.endswith(".json") and not lost:
             lost.append(path)
-            return False
+            return False, None
         return created
 
-    monkeypatch.setattr(_fs, "write_new", write_then_lose_the_answer)
+    monkeypatch.setattr(_fs, "create_new", create_then_lose_the_answer)
     log.append(ev(1))
     assert lost
     assert [e.seq for e in DeltaEventLog(uri).read("s")] == [0, 1]

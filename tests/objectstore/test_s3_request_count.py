@@ -125,3 +125,20 @@ def test_a_staged_file_is_checked_with_one_get(s3):
     assert pq.read_metadata(pa.BufferReader(tail)).num_rows == 1000
     with pytest.raises(FileNotFoundError):
         _fs.read_tail(fs, f"{root}/missing.parquet", 65536)
+
+
+def test_a_record_append_and_the_read_after_it_cost_a_list_and_two_puts(s3):
+    """A record append written by this package (record_commits) checks the table with
+    one LIST, PUTs the event's file and the commit; the marker of its own commit comes
+    from the PUT's ETag, so the next read finds nothing new with one LIST, and never
+    opens the table afresh."""
+    from support import allocated_event
+
+    from pyspark_txn.state import DeltaEventLog
+
+    log = DeltaEventLog(s3.uri("own-records"), s3.options, compact_every=0)
+    log.append(allocated_event(0))
+    _, cost = _requests(s3.proxy, lambda: log.append(allocated_event(1)))
+    assert cost == {"GET": 1, "PUT": 2}
+    events, cost = _requests(s3.proxy, lambda: log.read("s"))
+    assert [e.seq for e in events] == [0, 1] and cost == {"GET": 1}

@@ -39,6 +39,7 @@ from ...storage.delta_tables import (
     forget_table,
     note_own_commit,
     open_table,
+    put_marker,
     read_commit,
 )
 from ...storage.options import canonical_settings, object_store_fs
@@ -431,9 +432,12 @@ class DeltaEventLog(EventLog):
                         data = self._write_events_file(io, name, [event])
                     version = view.version + 1
                     commit = commit_bytes([event], name, len(data), now_ms=now_ms())
-                    if _fs.write_new(fs, _commit_path(root, version), commit):
+                    created, e_tag = _fs.create_new(fs, _commit_path(root, version), commit)
+                    if created:
                         landed = version
-                        marker = commit_file_marker(self.uri, version, self.storage_options)
+                        marker = put_marker(
+                            self.uri, version, len(commit), e_tag
+                        ) or commit_file_marker(self.uri, version, self.storage_options)
                         cache.events[name] = [event]
                         cache.view = (
                             None
