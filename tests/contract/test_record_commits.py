@@ -28,12 +28,18 @@ def _writer(uri: str, version: int) -> str:
     return str(info.get("clientVersion", ""))
 
 
-def test_delta_rs_reads_the_commits_written_here(tmp_path):
+def _log_of(tmp_path, count: int) -> tuple[str, DeltaEventLog]:
+    """A record table with ``count`` events of stream ``s``, then one of ``other``."""
     uri = str(tmp_path / "records")
     log = DeltaEventLog(uri, compact_every=0)
-    for seq in range(5):
+    for seq in range(count):
         log.append(ev(seq))
     log.append(ev(0, stream="other"))
+    return uri, log
+
+
+def test_delta_rs_reads_the_commits_written_here(tmp_path):
+    uri, _ = _log_of(tmp_path, 5)
     dt = DeltaTable(uri)
     assert dt.version() == 6
     assert all(_writer(uri, v) == "pyspark-txn" for v in range(1, 7))
@@ -242,11 +248,7 @@ def test_a_rewrite_that_lands_at_or_below_the_last_checkpoint_deletes_no_file(tm
 
 
 def test_deleting_summarized_events_rewrites_only_the_files_holding_them(tmp_path):
-    uri = str(tmp_path / "records")
-    log = DeltaEventLog(uri, compact_every=0)
-    for seq in range(4):
-        log.append(ev(seq))
-    log.append(ev(0, stream="other"))
+    uri, log = _log_of(tmp_path, 4)
     before = set(f for f in os.listdir(uri) if f.endswith(".parquet"))
     log.truncate("s", 2)
     after = set(f for f in os.listdir(uri) if f.endswith(".parquet"))
