@@ -80,6 +80,11 @@ def _safe_commit(uri, v):
         return []
 
 
+def _compact(uri: str) -> None:
+    """Another process compacts the table now."""
+    DeltaEventLog(uri, compact_every=1)._maintain(1)
+
+
 def _appender(uri: str, stream: str, count: int, compact_every: int, done) -> None:
     try:
         store = RecordStore(DeltaEventLog(uri, compact_every=compact_every), backoff_s=0.01)
@@ -257,3 +262,45 @@ def test_deleting_summarized_events_rewrites_only_the_files_holding_them(tmp_pat
     assert [e.seq for e in DeltaEventLog(uri).read("other")] == [0]
     ops = [h["operation"] for h in DeltaTable(uri).history(1)]
     assert ops == ["DELETE"]
+
+
+def test_an_append_only_table_is_left_to_delta_rs(tmp_path):
+    """``delta.appendOnly``: our rewrites remove files with ``dataChange``, which the
+    table forbids; delta-rs then appends and refuses the delete (found by a trial)."""
+    uri, log = _log_of(tmp_path, 3)
+    DeltaTable(uri).alter.set_table_properties({"delta.appendOnly": "true"})
+    log.append(ev(3))
+    log.truncate("s", 2)  # delta-rs refuses it: housekeeping, logged
+    dt = DeltaTable(uri)
+    assert _writer(uri, dt.version()) != "pyspark-txn"  # the append: delta-rs's
+    assert [e.seq for e in DeltaEventLog(uri).read("s")] == [0, 1, 2, 3]
+    assert not any(
+        a.get("remove", {}).get("dataChange")
+        for v in range(dt.version() + 1)
+        for a in _commit(uri, v)
+    )
+
+
+def test_a_lost_answer_then_a_compaction_still_counts_as_landed(tmp_path, monkeypatch):
+    """The commit landed but its answer was lost, and a compaction took its file into a
+    new one before the append read the table again: the append finds its event by id
+    (found by a trial: it said the seq was taken)."""
+    uri, log = _log_of(tmp_path, 2)
+    real = _fs.create_new
+
+    def create_then_compact(fs, path, data):
+        created = real(fs, path, data)
+        if path.endswith(".json") and b'"WRITE"' in data:
+            monkeypatch.setattr(_fs, "create_new", real)
+            other = mp.get_context("spawn").Process(target=_compact, args=(uri,))
+            other.start()
+            other.join(120)
+            assert other.exitcode == 0
+            return False, None
+        return created
+
+    monkeypatch.setattr(_fs, "create_new", create_then_compact)
+    log.append(ev(2))
+    assert [e.seq for e in DeltaEventLog(uri).read("s")] == [0, 1, 2]
+    compacted = [v for v in range(5, DeltaTable(uri).version() + 1) if _writer(uri, v)]
+    assert any("remove" in a for v in compacted for a in _commit(uri, v))  # after ours

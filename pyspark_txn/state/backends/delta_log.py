@@ -50,6 +50,7 @@ from .record_commits import (
     apply_actions,
     commit_bytes,
     data_file_name,
+    metadata_writable,
     now_ms,
     protocol_writable,
     rewrite_bytes,
@@ -76,6 +77,8 @@ class _TableCache:
     listed: tuple[Any, int, list[str]] | None = None
     # the table as this process last checked it, where it reads and appends itself
     view: LogView | None = None
+    # the events of the last files read, each once (callers only read the list)
+    all_events: tuple[tuple[str, ...], list[Event]] | None = None
 
     def files(self, dt) -> list[str]:
         """The paths of ``dt``'s data files (relative, as the log has them)."""
@@ -160,6 +163,7 @@ def _write_data_file(fs: Any, path: str, data: bytes, *, local: bool) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        _fs.fsync_dir(os.path.dirname(path))  # its name too, before a commit names it
         return
     fs.pipe_file(path, data)
 
@@ -352,12 +356,12 @@ class DeltaEventLog(EventLog):
         if dt is None:
             return None
         protocol = dt.protocol()
+        metadata = dt.metadata()
         writable = protocol_writable(
             protocol.min_reader_version,
             protocol.min_writer_version,
             [*(protocol.reader_features or ()), *(protocol.writer_features or ())],
-            dt.metadata().partition_columns,
-        )
+        ) and metadata_writable(metadata.partition_columns, metadata.configuration or {})
         marker = commit_file_marker(self.uri, dt.version(), self.storage_options)
         view = LogView(
             dt.version(), marker, tuple(cache.files(dt)), writable and marker is not None
@@ -412,12 +416,12 @@ class DeltaEventLog(EventLog):
                         self._load_events(cache, view.files, io)
                     except FileNotFoundError:  # compacted and deleted since: catch up again
                         continue
-                    seqs = [
-                        e.seq
-                        for f in view.files
-                        for e in cache.events[f]
-                        if e.stream == event.stream
+                    ours = [
+                        e for f in view.files for e in cache.events[f] if e.stream == event.stream
                     ]
+                    if any(e.event_id == event.event_id for e in ours):
+                        break  # landed, its answer lost, and compacted into another file since
+                    seqs = [e.seq for e in ours]
                     if seqs:
                         expected = max(seqs) + 1
                     else:  # no events (a new stream): its app transaction, if any, decides
@@ -720,8 +724,8 @@ class DeltaEventLog(EventLog):
                 f"stream = '{quoted}' AND seq < {int(below_seq)}",
                 post_commithook_properties=_NO_HOOKS(),
             )
-        except CommitFailedError as e:  # raced with an append: the next summary retries
-            log.info("record table %s: deleting summarized events lost a race: %s", self.uri, e)
+        except CommitFailedError as e:  # a race (the next summary retries), or refused
+            log.info("record table %s: summarized events not deleted: %s", self.uri, e)
             return
         # The files the delete rewrote, deleted now: the vacuum comes only every
         # VACUUM_EVERY compactions, after their tombstones may have expired.
@@ -765,11 +769,16 @@ class DeltaEventLog(EventLog):
                     )
                     if io is None and not _fs.is_local(self.uri) and cache.filesystem is None:
                         cache.filesystem = dt.to_pyarrow_dataset().filesystem
+            key = tuple(files)
+            if cache.all_events is not None and cache.all_events[0] == key:
+                return cache.all_events[1]  # the same files: the same events
             self._load_events(cache, files, io)
             live = set(files)
             for f in [f for f in cache.events if f not in live]:
                 del cache.events[f]  # compacted away: its events live on in the new file
-            return _unique([e for f in files for e in cache.events[f]])
+            events = _unique([e for f in files for e in cache.events[f]])
+            cache.all_events = (key, events)
+            return events
 
     def _load_events(
         self, cache: _TableCache, files: Sequence[str], io: tuple[Any, str] | None

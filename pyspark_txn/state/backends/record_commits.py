@@ -73,7 +73,9 @@ def apply_actions(files: dict[str, None], actions: Iterable[Mapping[str, Any]]) 
                 files[unquote(body["path"])] = None
             elif kind == "remove":
                 files.pop(unquote(body["path"]), None)
-            elif kind == "metaData" and body.get("partitionColumns"):
+            elif kind == "metaData" and not metadata_writable(
+                body.get("partitionColumns") or (), body.get("configuration") or {}
+            ):
                 return False
     return True
 
@@ -177,9 +179,15 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def protocol_writable(
-    reader: int, writer: int, features: Sequence[str], partitions: Sequence[str]
-) -> bool:
+def protocol_writable(reader: int, writer: int, features: Sequence[str]) -> bool:
     """Whether commits written here are valid for a table of this protocol (features:
-    its reader and writer table features) and partitioning."""
-    return reader <= MAX_READER and writer <= MAX_WRITER and not features and not partitions
+    its reader and writer table features)."""
+    return reader <= MAX_READER and writer <= MAX_WRITER and not features
+
+
+def metadata_writable(partitions: Sequence[str], configuration: Mapping[str, Any]) -> bool:
+    """Whether commits written here are valid for a table of this partitioning and
+    configuration: none, and not ``delta.appendOnly`` (our rewrites remove files with
+    ``dataChange``; delta-rs refuses those there)."""
+    append_only = str(configuration.get("delta.appendOnly") or "").strip().lower()
+    return not partitions and append_only != "true"
