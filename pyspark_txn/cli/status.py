@@ -26,6 +26,7 @@ from ..operations.status import (
     location_status,
 )
 from ..state import allocated_ids
+from ..storage.checkpoint import read_sink_file
 from .args import LOCATION_HELP, sink_arguments, storage_argument, target_arguments
 from .render import describe, holds, light_status_lines, not_started_lines
 
@@ -96,8 +97,14 @@ def _print_records(record_table: str, sink: str | None = None) -> None:
 
 
 def cmd_records(args: argparse.Namespace) -> int:
-    record_table, _ = find_record_table(args.location)
-    _print_records(record_table, args.sink)
+    record_table, checkpoint = find_record_table(args.location)
+    sink = args.sink
+    if sink is None and checkpoint is not None:
+        # a checkpoint names its own sink: a record table shared by several queries
+        # (option recordTable) holds the others' too (`--sink` or the table lists them)
+        kept = read_sink_file(checkpoint, storage.current())
+        sink = kept.get("sink_id") if kept else None
+    _print_records(record_table, sink)
     return 0
 
 

@@ -702,6 +702,21 @@ def test_cli_several_sinks_need_sink_option(tmp_path, capsys):
     assert code == 0 and "sink sink-b" in out
 
 
+def test_cli_records_of_a_checkpoint_shows_its_own_sink_of_a_shared_record_table(tmp_path, capsys):
+    """Two queries share one recordTable: `records <checkpoint>` shows that checkpoint's
+    sink only (a trial saw the other query's sink first); the table itself lists both."""
+    records = str(tmp_path / "shared")
+    a = SinkDriver(tmp_path, "a", recordTable=records, sinkId="sink-a")
+    a.batch(0, [1])
+    SinkDriver(tmp_path, "b", recordTable=records, sinkId="sink-b").batch(0, [2])
+    code, out, _ = run_cli(capsys, "records", a.chk)
+    sinks = [line for line in out.splitlines() if line.startswith("sink ")]
+    assert code == 0 and sinks == ["sink sink-a"]
+    code, out, _ = run_cli(capsys, "records", records)
+    sinks = [line for line in out.splitlines() if line.startswith("sink ")]
+    assert code == 0 and sinks == ["sink sink-a", "sink sink-b"]
+
+
 def test_cli_records_still_works(sink, capsys):
     rec = stuck_after_record(sink, 2, list(range(20, 30)))
     admin.abandon_snapshot(sink.handle(), rec.snapshot_id, "test")
