@@ -395,6 +395,18 @@ def test_prepare_query_refuses_a_snapshot_of_spark_s_file_source(tmp_path):
     assert not (tmp_path / "c2").exists() and not (tmp_path / "t2").exists()
 
 
+@pytest.mark.parametrize("offset", ["164", 164])
+def test_prepare_query_refuses_a_snapshot_of_spark_s_rate_source(tmp_path, offset):
+    """rate's offset counts seconds from a start time under the checkpoint's sources/: a
+    prepared (or restored) query died in Spark on its first batch (found by a trial)."""
+    driver = SinkDriver(tmp_path, "n")
+    driver.batch(0, [0, 1], source_offsets=[offset])
+    snapshots.export(driver.chk, "n0", str(tmp_path / "n0"))
+    with pytest.raises(ConfigError, match=r"source 0 of snapshot 'n0' has a plain number"):
+        snapshots.prepare_query(driver.chk, "n0", str(tmp_path / "c2"), str(tmp_path / "t2"))
+    assert not (tmp_path / "c2").exists() and not (tmp_path / "t2").exists()
+
+
 @pytest.mark.parametrize(
     "offset",
     [

@@ -120,6 +120,17 @@ def _is_file_source_offset(offset: Any) -> bool:
     return d is not None and set(d) == {"logOffset"}
 
 
+def _is_plain_number_offset(offset: Any) -> bool:
+    """Spark's ``rate`` source (also socket and memory) writes a bare number: seconds
+    from a start time it keeps under the checkpoint's ``sources/``."""
+    if isinstance(offset, str):
+        try:
+            offset = json.loads(offset)
+        except ValueError:
+            return False
+    return isinstance(offset, int) and not isinstance(offset, bool)
+
+
 def _claim_log_source(offset: Any) -> str | None:
     """The claim log source id of an acknowledging source's offset (``txn-redis``:
     ``{"claim": n, "source": "redis:<group>:<streams>"}``), else None."""
@@ -205,6 +216,16 @@ def check_startable(entry: NamedSnapshot, *, fresh: bool = False) -> None:
                 "exported, so a new query cannot start from this snapshot (read the exported "
                 "table instead, or use a source whose offset is its position: Kafka, "
                 "txn-delta, txn-sequence)"
+            )
+        if _is_plain_number_offset(offset):
+            raise ConfigError(
+                f"source {i} of snapshot {name!r} has a plain number for its offset ({offset}):"
+                " Spark's rate source (also socket and memory), whose offsets count seconds "
+                f"from a start time kept under the checkpoint's sources/{i}/, which is not "
+                "exported: a new query started from this snapshot would fail in Spark "
+                "(startSeconds > endSeconds). Restart the original query from its "
+                "checkpoint, or use a source whose offset is its position: Kafka, "
+                "txn-delta, txn-sequence"
             )
         claims = _claim_log_source(offset)
         if claims is not None:
