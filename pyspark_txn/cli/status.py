@@ -199,7 +199,8 @@ def _print_sink_status(status: SinkStatus, args: argparse.Namespace) -> None:
         print(
             f"  target {target}: version {d['target_version']}, "
             f"{holds(d['target_batch'])}; staging markers of "
-            f"{d['staged_attempts']} recent attempt(s) (kept until 32 snapshot ids later: about as many batches)"
+            f"{d['staged_attempts']} recent attempt(s) (a sweep every 32 snapshot ids "
+            "forgets the settled ones: up to ~64 are kept)"
         )
     for problem in status.problems:
         print(f"  problem: {problem}")
