@@ -406,10 +406,8 @@ class DeltaEventLog(EventLog):
                 view = self._view(cache, io)
                 if view is not None and not view.writable:
                     return False
-                if view is None:
-                    created = False
-                else:
-                    created = True
+                table_there = view is not None
+                if view is not None:
                     if name in view.files:
                         break  # our commit landed, though its answer was lost: somewhere up to here
                     try:
@@ -419,8 +417,10 @@ class DeltaEventLog(EventLog):
                     ours = [
                         e for f in view.files for e in cache.events[f] if e.stream == event.stream
                     ]
-                    if any(e.event_id == event.event_id for e in ours):
-                        break  # landed, its answer lost, and compacted into another file since
+                    if data is not None and any(e.event_id == event.event_id for e in ours):
+                        # this call's commit landed, its answer lost, and a compaction took
+                        # its file since (another call's event: the caller re-reads)
+                        break
                     seqs = [e.seq for e in ours]
                     if seqs:
                         expected = max(seqs) + 1
@@ -449,7 +449,7 @@ class DeltaEventLog(EventLog):
                             else LogView(version, marker, (*view.files, name), True)
                         )
                         break
-            if not created:
+            if not table_there:
                 self.create_if_missing()
             # another commit took the version: read it, then try again
         else:
