@@ -676,8 +676,11 @@ def describe_store_error(error: BaseException, uri: str | None = None) -> str | 
         return None
     detail = _one_line(error)
     low = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(error)).split()).lower()
+    # status codes are matched without the URLs the text names: a bucket "b-0403d45f"
+    # is no HTTP 403 (CI saw one refused connection called a denied request)
+    bare = re.sub(r"[a-z][a-z0-9+.-]*://\S+", " ", low)
     for needles, hint in _HINTS:
-        if any(n in low for n in needles):
+        if any(n in (bare if n.isdigit() else low) for n in needles):
             keys = _STORE_HINT_KEYS[_store_of(low, uri)]
             return f"{hint.format(**keys)} ({type(error).__name__}: {detail})"
     return f"the store failed: {type(error).__name__}: {detail}"

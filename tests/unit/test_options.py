@@ -310,3 +310,21 @@ def test_a_localhost_file_uri_is_the_absolute_path(tmp_path, monkeypatch):
     assert opts.path == f"{tmp_path}/t"
     with pytest.raises(ConfigError, match="a file:// URI of host 'h'"):
         _fs.normalize_uri("file://h/x")
+
+
+def test_a_status_code_in_a_bucket_name_is_not_the_store_s_answer():
+    """CI: bucket "b-0403d45f2fbf" on an unreachable endpoint was called a denied request
+    (the needle "403" found in the URL)."""
+    from pyspark_txn.storage.options import describe_store_error
+
+    error = OSError(
+        "Generic S3 error: Error performing list request: Error performing GET "
+        "http://127.0.0.1:9/b-0403d45f2fbf?list-type=2&prefix=records%2F in 1.5s, after 10 "
+        "retries - HTTP error - error sending request - client error (Connect) - tcp "
+        "connect error - Connection refused (os error 111)"
+    )
+    assert describe_store_error(error, "s3://b-0403d45f2fbf/records").startswith(
+        "the store cannot be reached"
+    )
+    denied = OSError("Generic S3 error: Error performing GET http://h/b: 403 Forbidden")
+    assert describe_store_error(denied, "s3://b/x").startswith("the store denied the request")
